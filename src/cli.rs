@@ -1,0 +1,179 @@
+//! The command line: `run` (default), `check-config`, `migrate`, `status`,
+//! `resolve`. Exit codes: 0 success, 2 usage or config, 1 runtime failure.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(name = "rolegate", version, about = "Lease-coordinated HTTP gateway")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Config file (for `run` when no subcommand is given).
+    #[arg(long, short, global = true, default_value = "rolegate.yaml")]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (the default).
+    Run,
+    /// Validate the config and print it resolved (exit 2 when refused).
+    CheckConfig,
+    /// Apply the store schema.
+    Migrate,
+    /// Print the store's lease table.
+    Status {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Which partition role a key maps to.
+    Resolve {
+        partition: String,
+        key: String,
+        #[arg(long)]
+        scope: Option<String>,
+    },
+}
+
+pub const EXIT_RUNTIME: u8 = 1;
+pub const EXIT_CONFIG: u8 = 2;
+
+/// Loads the config or prints the refusal; `Err` carries the exit code.
+pub fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+pub fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+pub async fn check_config(path: &std::path::Path) -> ExitCode {
+    match load_config(path) {
+        Ok(c) => {
+            print!("{}", c.to_yaml());
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
+    }
+}
+
+pub async fn migrate(path: &std::path::Path) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut store_config = config.store.clone();
+    store_config.migrate = false;
+    let store = match crate::store::open(&store_config).await {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    match store.migrate().await {
+        Ok(()) => {
+            println!("schema applied to {} store", store.kind());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+pub async fn status(path: &std::path::Path, json: bool) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let mut store_config = config.store.clone();
+    store_config.migrate = false;
+    let result = async {
+        let store = crate::store::open(&store_config).await?;
+        store.snapshot(&[]).await
+    }
+    .await;
+    let records = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    if json {
+        let rows: Vec<_> = records
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "role": r.role, "holder": r.holder, "holder_address": r.holder_address,
+                    "token": r.token, "valid_for_ms": r.remaining.as_millis() as u64,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return ExitCode::SUCCESS;
+    }
+    let mut rows = vec![[
+        "ROLE".to_string(),
+        "HOLDER".into(),
+        "ADDRESS".into(),
+        "TOKEN".into(),
+        "VALID FOR".into(),
+    ]];
+    for r in &records {
+        let live = r.holder.is_some() && !r.remaining.is_zero();
+        rows.push([
+            r.role.clone(),
+            if live { r.holder.clone().unwrap_or_default() } else { "-".into() },
+            if live { r.holder_address.clone().unwrap_or_default() } else { "-".into() },
+            r.token.to_string(),
+            if live { format!("{}ms", r.remaining.as_millis()) } else { "expired".into() },
+        ]);
+    }
+    let widths: Vec<usize> = (0..5).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    for row in rows {
+        let line: Vec<String> = row.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    ExitCode::SUCCESS
+}
+
+pub fn resolve(path: &std::path::Path, partition: &str, key: &str, scope: Option<&str>) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(p) = config.partitions.iter().find(|p| p.name == partition) else {
+        eprintln!("error: partition `{partition}` is not declared in {}", path.display());
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let index = crate::lease::partition_index(scope, key, p.count);
+    println!("{}", crate::lease::partition_role_name(partition, index));
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,923 @@
+//! The lease coordinator: one heartbeat loop per process for every role and
+//! partition role. Each tick makes one batched claim (acquire + renew) and one
+//! snapshot read, then publishes an immutable [`HolderSnapshot`].
+//!
+//! Trust window: a grant is trusted until `t_sent + duration - safety_margin`
+//! on the local monotonic clock, with `t_sent` taken before the request left.
+//! The store judges expiry with its own clock from a moment after `t_sent`, so
+//! the local belief always ends at least `safety_margin` before anyone else
+//! can be granted the role. A response that arrives after that deadline is
+//! discarded and its term abandoned.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::partition::{partition_index, partition_role_name, PartitionResolution};
+use super::snapshot::{HolderSnapshot, RoleState};
+use super::{validate_role_name, HeldLease, PartitionSpec, RoleNameError, RoleSpec};
+use crate::config::LeaseTimings;
+use crate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
+
+/// Smallest gap between two ticks triggered by store notifications, so a burst
+/// of term changes elsewhere costs a handful of ticks, not one per change.
+const NOTICE_COALESCE: Duration = Duration::from_millis(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    #[error(transparent)]
+    RoleName(#[from] RoleNameError),
+    #[error("role `{0}` is registered twice")]
+    DuplicateRole(String),
+    #[error("partition `{0}` has count {1}; it must be between 1 and 65536")]
+    PartitionCount(String, u32),
+    #[error("role `{role}`: {message}")]
+    Timings { role: String, message: String },
+    #[error("no roles or partitions registered")]
+    Empty,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One interval in which this instance believed it held `role` under `token`.
+/// Emitted when the interval ends; `start` and `end` are on the monotonic clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldInterval {
+    pub instance: Arc<str>,
+    pub role: Arc<str>,
+    pub token: u64,
+    pub start: Instant,
+    pub end: Instant,
+}
+
+type IntervalHook = Arc<dyn Fn(HeldInterval) + Send + Sync>;
+
+/// Counters of store work, for tests, metrics and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CoordinatorStats {
+    pub ticks: u64,
+    pub claim_calls: u64,
+    pub snapshot_calls: u64,
+    pub release_calls: u64,
+    pub store_errors: u64,
+    pub late_responses: u64,
+    pub term_changes: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    ticks: AtomicU64,
+    claim_calls: AtomicU64,
+    snapshot_calls: AtomicU64,
+    release_calls: AtomicU64,
+    store_errors: AtomicU64,
+    late_responses: AtomicU64,
+    term_changes: AtomicU64,
+}
+
+struct RoleMeta {
+    name: Arc<str>,
+    timings: LeaseTimings,
+}
+
+struct PartitionMeta {
+    count: u32,
+    first: usize,
+}
+
+struct Shared {
+    instance: InstanceInfo,
+    instance_id: Arc<str>,
+    store: Arc<dyn LeaseStore>,
+    roles: Vec<RoleMeta>,
+    names: Vec<String>,
+    index: HashMap<Arc<str>, usize>,
+    partitions: HashMap<String, PartitionMeta>,
+    snapshot: ArcSwap<HolderSnapshot>,
+    draining: AtomicBool,
+    candidate: AtomicBool,
+    stopping: AtomicBool,
+    wake: Notify,
+    published: watch::Sender<u64>,
+    counters: Counters,
+    hook: Option<IntervalHook>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    /// Shortest renew interval and shortest trust window among all roles.
+    tick_every: Duration,
+    op_timeout: Duration,
+}
+
+/// Builds a [`Coordinator`]: who this instance is, its roles and partitions, its store.
+pub struct CoordinatorBuilder {
+    store: Arc<dyn LeaseStore>,
+    name: Option<String>,
+    address: String,
+    roles: Vec<RoleSpec>,
+    partitions: Vec<PartitionSpec>,
+    hook: Option<IntervalHook>,
+}
+
+impl CoordinatorBuilder {
+    pub fn new(store: Arc<dyn LeaseStore>) -> Self {
+        Self {
+            store,
+            name: None,
+            address: String::new(),
+            roles: Vec::new(),
+            partitions: Vec::new(),
+            hook: None,
+        }
+    }
+
+    /// Roles and partitions of a config (its instance name too).
+    pub fn from_config(config: &crate::config::Config, store: Arc<dyn LeaseStore>) -> Self {
+        let mut b = Self::new(store);
+        b.name = config.instance.name.clone();
+        b.roles = config.role_specs();
+        b.partitions = config.partition_specs();
+        b
+    }
+
+    /// The instance name; a random suffix is always added. Default: hostname.
+    pub fn instance_name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The base URL other instances forward to.
+    pub fn advertise(mut self, address: impl Into<String>) -> Self {
+        self.address = address.into();
+        self
+    }
+
+    pub fn role(mut self, name: impl Into<String>, timings: LeaseTimings) -> Self {
+        self.roles.push(RoleSpec {
+            name: name.into(),
+            timings,
+        });
+        self
+    }
+
+    pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
+        self.partitions.push(PartitionSpec {
+            name: name.into(),
+            count,
+            timings,
+        });
+        self
+    }
+
+    /// Called with every held interval when it ends (for event logs and tests).
+    pub fn on_held_interval(mut self, hook: impl Fn(HeldInterval) + Send + Sync + 'static) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
+    }
+
+    /// Validates the registrations and starts the heartbeat loop on the
+    /// current tokio runtime. Store problems do not fail this: the loop keeps
+    /// retrying and the snapshot reports them.
+    pub fn start(self) -> Result<Coordinator, CoordinatorError> {
+        let mut roles = Vec::new();
+        let mut index = HashMap::new();
+        let mut partitions = HashMap::new();
+        let mut push = |name: String, timings: LeaseTimings, roles: &mut Vec<RoleMeta>| {
+            validate_role_name(&name)?;
+            timings.check().map_err(|message| CoordinatorError::Timings {
+                role: name.clone(),
+                message,
+            })?;
+            let name: Arc<str> = name.into();
+            if index.insert(name.clone(), roles.len()).is_some() {
+                return Err(CoordinatorError::DuplicateRole(name.to_string()));
+            }
+            roles.push(RoleMeta { name, timings });
+            Ok(())
+        };
+        for r in self.roles {
+            push(r.name, r.timings, &mut roles)?;
+        }
+        for p in self.partitions {
+            if p.count == 0 || p.count > 65_536 {
+                return Err(CoordinatorError::PartitionCount(p.name, p.count));
+            }
+            let first = roles.len();
+            for i in 0..p.count {
+                push(partition_role_name(&p.name, i), p.timings, &mut roles)?;
+            }
+            if partitions
+                .insert(p.name.clone(), PartitionMeta { count: p.count, first })
+                .is_some()
+            {
+                return Err(CoordinatorError::DuplicateRole(p.name));
+            }
+        }
+        if roles.is_empty() {
+            return Err(CoordinatorError::Empty);
+        }
+        let id = crate::identity::instance_id(self.name.as_deref());
+        let tick_every = roles.iter().map(|r| r.timings.renew_interval).min().unwrap_or_default();
+        let op_timeout = roles
+            .iter()
+            .map(|r| r.timings.duration - r.timings.safety_margin)
+            .min()
+            .unwrap_or_default();
+        let now = Instant::now();
+        let initial = HolderSnapshot {
+            roles: roles
+                .iter()
+                .map(|r| RoleState {
+                    name: r.name.clone(),
+                    ..RoleState::default()
+                })
+                .collect(),
+            published_at: now,
+            loaded: false,
+            store_ok: false,
+            candidate: true,
+            draining: false,
+        };
+        let shared = Arc::new(Shared {
+            instance_id: id.clone().into(),
+            instance: InstanceInfo {
+                id,
+                address: self.address,
+            },
+            store: self.store,
+            names: roles.iter().map(|r| r.name.to_string()).collect(),
+            roles,
+            index,
+            partitions,
+            snapshot: ArcSwap::from_pointee(initial),
+            draining: AtomicBool::new(false),
+            candidate: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+            published: watch::channel(0).0,
+            counters: Counters::default(),
+            hook: self.hook,
+            task: Mutex::new(None),
+            tick_every,
+            op_timeout,
+        });
+        let task = tokio::spawn(HeartbeatLoop::new(shared.clone()).run());
+        *lock(&shared.task) = Some(task);
+        Ok(Coordinator { shared })
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Handle to the process's lease coordinator. Cheap to clone.
+#[derive(Clone)]
+pub struct Coordinator {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Coordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Coordinator")
+            .field("instance", &self.shared.instance.id)
+            .field("roles", &self.shared.roles.len())
+            .finish()
+    }
+}
+
+impl Coordinator {
+    pub fn instance_id(&self) -> &str {
+        &self.shared.instance.id
+    }
+
+    pub fn advertise_address(&self) -> &str {
+        &self.shared.instance.address
+    }
+
+    pub fn store_kind(&self) -> &'static str {
+        self.shared.store.kind()
+    }
+
+    /// The latest published snapshot (lock-free).
+    pub fn snapshot(&self) -> Arc<HolderSnapshot> {
+        self.shared.snapshot.load_full()
+    }
+
+    /// A handle for one role, or `None` if it is not registered.
+    pub fn role(&self, name: &str) -> Option<RoleLease> {
+        let idx = *self.shared.index.get(name)?;
+        Some(RoleLease {
+            shared: self.shared.clone(),
+            idx,
+        })
+    }
+
+    /// A handle for one partition, or `None` if it is not registered.
+    pub fn partition(&self, name: &str) -> Option<RolePartition> {
+        let meta = self.shared.partitions.get(name)?;
+        Some(RolePartition {
+            shared: self.shared.clone(),
+            name: name.into(),
+            count: meta.count,
+            first: meta.first,
+        })
+    }
+
+    /// Every registered role name, partition roles included, in order.
+    pub fn role_names(&self) -> &[String] {
+        &self.shared.names
+    }
+
+    /// True once the store answered and a snapshot from it is published, and
+    /// the last store round trip succeeded.
+    pub fn is_ready(&self) -> bool {
+        let s = self.shared.snapshot.load();
+        s.loaded && s.store_ok
+    }
+
+    /// Resolves when a snapshot newer than the current one is published.
+    pub fn subscribe_published(&self) -> watch::Receiver<u64> {
+        self.shared.published.subscribe()
+    }
+
+    pub fn stats(&self) -> CoordinatorStats {
+        let c = &self.shared.counters;
+        CoordinatorStats {
+            ticks: c.ticks.load(Ordering::Relaxed),
+            claim_calls: c.claim_calls.load(Ordering::Relaxed),
+            snapshot_calls: c.snapshot_calls.load(Ordering::Relaxed),
+            release_calls: c.release_calls.load(Ordering::Relaxed),
+            store_errors: c.store_errors.load(Ordering::Relaxed),
+            late_responses: c.late_responses.load(Ordering::Relaxed),
+            term_changes: c.term_changes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether this instance contends for roles.
+    pub fn is_candidate(&self) -> bool {
+        self.shared.candidate.load(Ordering::Acquire)
+    }
+
+    /// Stop (false) or resume (true) contending. Stopping releases held roles
+    /// at once so a healthy instance takes over.
+    pub fn set_candidate(&self, candidate: bool) {
+        if self.shared.candidate.swap(candidate, Ordering::AcqRel) != candidate {
+            self.shared.wake.notify_one();
+        }
+    }
+
+    /// Stops admitting new local work: `is_held` answers false from now on,
+    /// while the loop keeps renewing so in-flight work stays covered.
+    pub fn begin_drain(&self) {
+        self.shared.draining.store(true, Ordering::Release);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.shared.draining.load(Ordering::Acquire)
+    }
+
+    /// Graceful stop: ends local belief, releases every held role in one store
+    /// call (so a waiting instance takes over at once), and stops the loop.
+    pub async fn shutdown(&self) {
+        self.begin_drain();
+        self.shared.stopping.store(true, Ordering::Release);
+        self.shared.wake.notify_one();
+        let task = lock(&self.shared.task).take();
+        if let Some(task) = task {
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the loop without releasing anything, as a crash would. Local
+    /// belief still ends at each term's deadline.
+    pub fn abort(&self) {
+        if let Some(task) = lock(&self.shared.task).take() {
+            task.abort();
+        }
+    }
+
+    /// One-shot lease for bootstrap-style jobs: a single claim of `role` for
+    /// `ttl`, outside the heartbeat loop; not renewed. The returned lease is
+    /// trusted until `valid_until`.
+    pub async fn try_acquire(&self, role: &str, ttl: Duration) -> Result<Option<OneShotLease>, CoordinatorError> {
+        validate_role_name(role)?;
+        let store = &self.shared.store;
+        store.register(&[role.to_string()]).await?;
+        let t_sent = Instant::now();
+        let claims = [Claim {
+            role: role.to_string(),
+            held_token: None,
+            duration: ttl,
+        }];
+        let grants = store.claim(&self.shared.instance, &claims).await?;
+        Ok(grants.into_iter().next().and_then(|g| {
+            let valid_until = t_sent + ttl.mul_f64(0.9);
+            (Instant::now() < valid_until).then(|| OneShotLease {
+                lease: HeldLease {
+                    role: role.into(),
+                    token: g.token,
+                },
+                valid_until,
+            })
+        }))
+    }
+
+    /// Releases a one-shot lease.
+    pub async fn release(&self, lease: OneShotLease) -> Result<bool, CoordinatorError> {
+        let released = self
+            .shared
+            .store
+            .release(&self.shared.instance, &[(lease.lease.role.to_string(), lease.lease.token)])
+            .await?;
+        Ok(!released.is_empty())
+    }
+}
+
+/// A lease taken by [`Coordinator::try_acquire`].
+#[derive(Debug, Clone)]
+pub struct OneShotLease {
+    pub lease: HeldLease,
+    pub valid_until: Instant,
+}
+
+impl OneShotLease {
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+}
+
+/// Who holds a role, as this instance last saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HolderInfo {
+    pub id: Arc<str>,
+    pub address: Arc<str>,
+    pub token: u64,
+    pub here: bool,
+}
+
+/// A registered role.
+#[derive(Clone)]
+pub struct RoleLease {
+    shared: Arc<Shared>,
+    idx: usize,
+}
+
+impl RoleLease {
+    pub fn name(&self) -> &Arc<str> {
+        &self.shared.roles[self.idx].name
+    }
+
+    /// True while this instance holds the role and is not draining.
+    pub fn is_held(&self) -> bool {
+        self.guard().is_some()
+    }
+
+    /// The held lease with its fencing token, if held here right now.
+    pub fn guard(&self) -> Option<HeldLease> {
+        if self.shared.draining.load(Ordering::Acquire) {
+            return None;
+        }
+        let snap = self.shared.snapshot.load();
+        let state = &snap.roles[self.idx];
+        state.held_now(Instant::now()).then(|| HeldLease {
+            role: state.name.clone(),
+            token: state.token,
+        })
+    }
+
+    /// The current holder if known and unexpired (this instance included).
+    pub fn current_holder(&self) -> Option<HolderInfo> {
+        let snap = self.shared.snapshot.load();
+        holder_of(&self.shared, &snap.roles[self.idx])
+    }
+}
+
+fn holder_of(shared: &Shared, state: &RoleState) -> Option<HolderInfo> {
+    let now = Instant::now();
+    if state.held_now(now) {
+        return Some(HolderInfo {
+            id: shared.instance_id.clone(),
+            address: shared.instance.address.as_str().into(),
+            token: state.token,
+            here: true,
+        });
+    }
+    state.live_holder(now).map(|(id, address)| HolderInfo {
+        id: id.clone(),
+        address: address.clone(),
+        token: state.token,
+        here: false,
+    })
+}
+
+/// A registered partition: `count` roles, a key picks one.
+#[derive(Clone)]
+pub struct RolePartition {
+    shared: Arc<Shared>,
+    name: Arc<str>,
+    count: u32,
+    first: usize,
+}
+
+impl RolePartition {
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Where an unscoped key lives now. No I/O.
+    pub fn resolve(&self, key: &str) -> PartitionResolution {
+        self.resolve_index(partition_index(None, key, self.count))
+    }
+
+    /// Where a scoped key (`scope ++ 0x00 ++ key`) lives now. No I/O.
+    pub fn resolve_scoped(&self, scope: &str, key: &str) -> PartitionResolution {
+        self.resolve_index(partition_index(Some(scope), key, self.count))
+    }
+
+    pub fn resolve_index(&self, index: u32) -> PartitionResolution {
+        let idx = self.first + index.min(self.count - 1) as usize;
+        let snap = self.shared.snapshot.load();
+        let state = &snap.roles[idx];
+        let holder = holder_of(&self.shared, state);
+        let draining = self.shared.draining.load(Ordering::Acquire);
+        let held = !draining && holder.as_ref().is_some_and(|h| h.here);
+        PartitionResolution {
+            role: state.name.clone(),
+            index,
+            held,
+            token: held.then_some(state.token),
+            holder_address: holder.map(|h| h.address),
+        }
+    }
+
+    /// The role handle of partition `index`.
+    pub fn role(&self, index: u32) -> Option<RoleLease> {
+        (index < self.count).then(|| RoleLease {
+            shared: self.shared.clone(),
+            idx: self.first + index as usize,
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------
+
+/// A term this instance holds, as the loop tracks it.
+#[derive(Debug, Clone, Copy)]
+struct HeldTerm {
+    token: u64,
+    held_until: Instant,
+    started: Instant,
+    published: bool,
+}
+
+#[derive(Debug, Clone)]
+struct LoopRole {
+    held: Option<HeldTerm>,
+    /// Earliest time a claim could succeed, by the last snapshot.
+    next_attempt: Instant,
+    state: RoleState,
+}
+
+struct HeartbeatLoop {
+    shared: Arc<Shared>,
+    roles: Vec<LoopRole>,
+    loaded: bool,
+    store_ok: bool,
+    registered: bool,
+    published: u64,
+    last_error_log: Option<Instant>,
+}
+
+impl HeartbeatLoop {
+    fn new(shared: Arc<Shared>) -> Self {
+        let now = Instant::now();
+        let roles = shared
+            .roles
+            .iter()
+            .map(|r| LoopRole {
+                held: None,
+                next_attempt: now,
+                state: RoleState {
+                    name: r.name.clone(),
+                    ..RoleState::default()
+                },
+            })
+            .collect();
+        Self {
+            shared,
+            roles,
+            loaded: false,
+            store_ok: false,
+            registered: false,
+            published: 0,
+            last_error_log: None,
+        }
+    }
+
+    async fn run(mut self) {
+        let mut feed = None;
+        let mut last_notice_tick = Instant::now() - NOTICE_COALESCE;
+        loop {
+            if self.shared.stopping.load(Ordering::Acquire) {
+                self.release_all().await;
+                return;
+            }
+            if feed.is_none() {
+                match tokio::time::timeout(self.shared.op_timeout, self.shared.store.subscribe()).await {
+                    Ok(Ok(f)) => feed = Some(f),
+                    Ok(Err(e)) => self.store_failed("subscribe", &e.to_string()),
+                    Err(_) => self.store_failed("subscribe", "timed out"),
+                }
+            }
+            self.tick().await;
+
+            let now = Instant::now();
+            let mut next = now + self.shared.tick_every;
+            if !self.store_ok {
+                // Retry sooner while the store is failing, but not in a hot loop.
+                next = now + (self.shared.tick_every / 2).max(Duration::from_millis(50));
+            }
+            if self.shared.candidate.load(Ordering::Acquire) {
+                for r in &self.roles {
+                    if r.held.is_none() && r.next_attempt > now && r.next_attempt < next {
+                        next = r.next_attempt;
+                    }
+                    // Renew no later than one renew interval after the last send is
+                    // already covered by `tick_every`; a held term whose deadline comes
+                    // first (tiny timings) is also a reason to wake.
+                    if let Some(h) = r.held {
+                        if h.held_until < next {
+                            next = h.held_until;
+                        }
+                    }
+                }
+            }
+            let sleep = tokio::time::sleep_until(next.into());
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.shared.wake.notified() => {}
+                notice = recv_feed(&mut feed) => {
+                    if notice.is_none() {
+                        feed = None;
+                    }
+                    let since = last_notice_tick.elapsed();
+                    if since < NOTICE_COALESCE {
+                        tokio::time::sleep(NOTICE_COALESCE - since).await;
+                    }
+                    last_notice_tick = Instant::now();
+                }
+            }
+        }
+    }
+
+    fn store_failed(&mut self, what: &str, error: &str) {
+        self.shared.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.store_ok = false;
+        let now = Instant::now();
+        // One warning per second at most while the store is down.
+        if self.last_error_log.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+            self.last_error_log = Some(now);
+            tracing::warn!(store = self.shared.store.kind(), op = what, %error, "lease store call failed; failing closed and retrying");
+        }
+    }
+
+    /// Ends terms whose local deadline has passed.
+    fn expire_local(&mut self, now: Instant) {
+        for i in 0..self.roles.len() {
+            if let Some(h) = self.roles[i].held {
+                if h.held_until <= now {
+                    self.end_term(i, h.held_until);
+                }
+            }
+        }
+    }
+
+    fn end_term(&mut self, i: usize, end: Instant) {
+        if let Some(h) = self.roles[i].held.take() {
+            self.roles[i].next_attempt = Instant::now();
+            if let Some(hook) = &self.shared.hook {
+                hook(HeldInterval {
+                    instance: self.shared.instance_id.clone(),
+                    role: self.shared.roles[i].name.clone(),
+                    token: h.token,
+                    start: h.started,
+                    end: end.max(h.started),
+                });
+            }
+        }
+    }
+
+    async fn tick(&mut self) {
+        self.shared.counters.ticks.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        if !self.registered {
+            match tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names)).await {
+                Ok(Ok(())) => self.registered = true,
+                Ok(Err(e)) => self.store_failed("register", &e.to_string()),
+                Err(_) => self.store_failed("register", "timed out"),
+            }
+            if !self.registered {
+                self.expire_local(Instant::now());
+                self.publish();
+                return;
+            }
+        }
+        self.expire_local(Instant::now());
+
+        let candidate = shared.candidate.load(Ordering::Acquire);
+        if !candidate {
+            self.release_all().await;
+        } else {
+            self.claim().await;
+        }
+        self.read_snapshot().await;
+        self.publish();
+    }
+
+    async fn claim(&mut self) {
+        let shared = self.shared.clone();
+        let now = Instant::now();
+        let mut claims = Vec::new();
+        let mut which = Vec::new();
+        for (i, r) in self.roles.iter().enumerate() {
+            let held_token = r.held.map(|h| h.token);
+            if held_token.is_some() || r.next_attempt <= now {
+                claims.push(Claim {
+                    role: shared.roles[i].name.to_string(),
+                    held_token,
+                    duration: shared.roles[i].timings.duration,
+                });
+                which.push(i);
+            }
+        }
+        if claims.is_empty() {
+            return;
+        }
+        let window = which
+            .iter()
+            .map(|&i| shared.roles[i].timings.duration - shared.roles[i].timings.safety_margin)
+            .min()
+            .unwrap_or(shared.op_timeout);
+        shared.counters.claim_calls.fetch_add(1, Ordering::Relaxed);
+        let t_sent = Instant::now();
+        let result = tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
+        let t_recv = Instant::now();
+        let grants = match result {
+            Ok(Ok(grants)) => grants,
+            Ok(Err(e)) => return self.store_failed("claim", &e.to_string()),
+            Err(_) => return self.store_failed("claim", "timed out"),
+        };
+        self.store_ok = true;
+        let granted: HashMap<&str, u64> = grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
+        for &i in &which {
+            let meta = &shared.roles[i];
+            let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
+            match granted.get(&*meta.name) {
+                Some(&token) if t_recv < deadline => {
+                    match self.roles[i].held {
+                        Some(ref mut h) if h.token == token => h.held_until = deadline,
+                        _ => {
+                            // A new term. If an older one was still believed, it ends now.
+                            self.end_term(i, t_recv);
+                            shared.counters.term_changes.fetch_add(1, Ordering::Relaxed);
+                            self.roles[i].held = Some(HeldTerm {
+                                token,
+                                held_until: deadline,
+                                // Replaced by the publish instant before readers see it.
+                                started: t_recv,
+                                published: false,
+                            });
+                            tracing::info!(role = %meta.name, token, "acquired role");
+                        }
+                    }
+                    self.roles[i].state.token = token;
+                }
+                Some(&token) => {
+                    // Late: the grant may already be unsafe to act on. Abandon the term;
+                    // the next claim asks for a fresh one.
+                    shared.counters.late_responses.fetch_add(1, Ordering::Relaxed);
+                    tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
+                    self.end_term(i, t_recv.min(self.roles[i].held.map_or(t_recv, |h| h.held_until)));
+                }
+                None => {
+                    if self.roles[i].held.is_some() {
+                        tracing::warn!(role = %meta.name, "renewal refused by the store; role lost");
+                        self.end_term(i, t_recv);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn read_snapshot(&mut self) {
+        let shared = self.shared.clone();
+        shared.counters.snapshot_calls.fetch_add(1, Ordering::Relaxed);
+        let result = tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
+        let t_recv = Instant::now();
+        let records = match result {
+            Ok(Ok(records)) => records,
+            Ok(Err(e)) => return self.store_failed("snapshot", &e.to_string()),
+            Err(_) => return self.store_failed("snapshot", "timed out"),
+        };
+        self.store_ok = true;
+        self.loaded = true;
+        for rec in records {
+            let Some(&i) = shared.index.get(rec.role.as_str()) else { continue };
+            let mine = rec.holder.as_deref() == Some(shared.instance.id.as_str());
+            let r = &mut self.roles[i];
+            if let Some(h) = r.held {
+                if rec.token > h.token {
+                    // Someone holds a newer term: ours is over whatever the deadline says.
+                    self.end_term(i, t_recv);
+                }
+            }
+            let r = &mut self.roles[i];
+            r.state.holder = rec.holder.as_deref().map(Arc::from);
+            r.state.holder_address = rec.holder_address.as_deref().map(Arc::from);
+            r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
+            let live = rec.holder.is_some() && !rec.remaining.is_zero();
+            r.state.holder_valid_until = live.then(|| t_recv + rec.remaining);
+            r.next_attempt = if live && !mine {
+                // Try again just after the observed expiry: crash takeover lands
+                // right after `duration` instead of a poll later.
+                t_recv + rec.remaining + Duration::from_millis(1)
+            } else {
+                t_recv
+            };
+        }
+    }
+
+    fn publish(&mut self) {
+        let now = Instant::now();
+        // A term's interval starts when readers can first see it: now, just
+        // before the store below.
+        for r in &mut self.roles {
+            if let Some(h) = &mut r.held {
+                if !h.published {
+                    h.started = now;
+                    h.published = true;
+                }
+            }
+        }
+        let snapshot = HolderSnapshot {
+            roles: self
+                .roles
+                .iter()
+                .map(|r| RoleState {
+                    held_until: r.held.map(|h| h.held_until),
+                    ..r.state.clone()
+                })
+                .collect(),
+            published_at: now,
+            loaded: self.loaded,
+            store_ok: self.store_ok,
+            candidate: self.shared.candidate.load(Ordering::Acquire),
+            draining: self.shared.draining.load(Ordering::Acquire),
+        };
+        self.shared.snapshot.store(Arc::new(snapshot));
+        self.published += 1;
+        self.shared.published.send_replace(self.published);
+    }
+
+    /// Ends local belief first, then releases in one store call.
+    async fn release_all(&mut self) {
+        let now = Instant::now();
+        let held: Vec<(String, u64)> = self
+            .roles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.held.map(|h| (self.shared.roles[i].name.to_string(), h.token)))
+            .collect();
+        for i in 0..self.roles.len() {
+            self.end_term(i, now);
+        }
+        self.publish();
+        if held.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        shared.counters.release_calls.fetch_add(1, Ordering::Relaxed);
+        match tokio::time::timeout(shared.op_timeout, shared.store.release(&shared.instance, &held)).await {
+            Ok(Ok(released)) => {
+                tracing::info!(count = released.len(), "released held roles");
+            }
+            Ok(Err(e)) => self.store_failed("release", &e.to_string()),
+            Err(_) => self.store_failed("release", "timed out"),
+        }
+    }
+}
+
+async fn recv_feed(feed: &mut Option<crate::store::ChangeFeed>) -> Option<()> {
+    match feed {
+        Some(f) => f.recv().await,
+        None => std::future::pending().await,
+    }
+}

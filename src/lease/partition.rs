@@ -1,0 +1,95 @@
+//! Partition hashing (SPEC 5): `xxh64(seed 0, bytes) mod count`, where
+//! `bytes` is the key, or `scope ++ 0x00 ++ key` for a scoped route.
+//! Stable across versions and languages; see `docs/partitions.md`.
+
+use std::sync::Arc;
+
+use xxhash_rust::xxh64::xxh64;
+
+/// The generated role name of partition `index`.
+pub fn partition_role_name(partition: &str, index: u32) -> String {
+    format!("{partition}:partition-{index}")
+}
+
+/// The bytes hashed for a key, with an optional scope.
+pub fn scoped_key_bytes(scope: Option<&str>, key: &str) -> Vec<u8> {
+    match scope {
+        None => key.as_bytes().to_vec(),
+        Some(scope) => {
+            let mut bytes = Vec::with_capacity(scope.len() + 1 + key.len());
+            bytes.extend_from_slice(scope.as_bytes());
+            bytes.push(0);
+            bytes.extend_from_slice(key.as_bytes());
+            bytes
+        }
+    }
+}
+
+/// Which partition a key belongs to.
+pub fn partition_index(scope: Option<&str>, key: &str, count: u32) -> u32 {
+    let hash = match scope {
+        None => xxh64(key.as_bytes(), 0),
+        Some(_) => xxh64(&scoped_key_bytes(scope, key), 0),
+    };
+    (hash % u64::from(count.max(1))) as u32
+}
+
+/// Where a key lives right now, read from the local snapshot without I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionResolution {
+    pub role: Arc<str>,
+    pub index: u32,
+    /// True when this instance holds the role at the moment of the call.
+    pub held: bool,
+    /// The fencing token of the term, when held here.
+    pub token: Option<u64>,
+    /// The holder's advertise address, when known and unexpired.
+    pub holder_address: Option<Arc<str>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden vectors; the same table is in docs/partitions.md.
+    #[test]
+    fn golden_vectors() {
+        // Reference values of xxh64 with seed 0.
+        assert_eq!(xxh64(b"", 0), 0xef46db3751d8e999);
+        assert_eq!(xxh64(b"a", 0), 0xd24ec4f1a98c6e5b);
+        assert_eq!(xxh64(b"device-42", 0), 0xfa14548796d419f1);
+        assert_eq!(xxh64(b"Order\x007", 0), 0xe31ae94b5567c10c);
+        assert_eq!(xxh64(b"device-42", 0) % 16, u64::from(partition_index(None, "device-42", 16)));
+        for (scope, key, count, expected) in crate::lease::partition::GOLDEN {
+            assert_eq!(
+                partition_index(*scope, key, *count),
+                *expected,
+                "scope {scope:?} key {key:?} count {count}"
+            );
+        }
+    }
+
+    #[test]
+    fn scope_separates_keys() {
+        assert_eq!(scoped_key_bytes(Some("Order"), "7"), b"Order\x007".to_vec());
+        assert_eq!(scoped_key_bytes(None, "7"), b"7".to_vec());
+    }
+
+    #[test]
+    fn names() {
+        assert_eq!(partition_role_name("devices", 3), "devices:partition-3");
+    }
+}
+
+/// Golden vectors: (scope, key, count, partition). Pinned in tests and docs.
+#[cfg(test)]
+pub(crate) const GOLDEN: &[(Option<&str>, &str, u32, u32)] = &[
+    (None, "device-42", 16, 1),
+    (None, "", 16, 9),
+    (None, "a", 64, 27),
+    (None, "user:1001", 64, 2),
+    (Some("Order"), "7", 64, 12),
+    (Some("Order"), "8d1f", 64, 59),
+    (Some("Invoice"), "7", 64, 5),
+    (None, "日本", 1024, 939),
+];

@@ -1,0 +1,52 @@
+//! The immutable holder snapshot the coordinator publishes after every tick.
+//! Readers load it lock-free; "held here" is judged at read time against a
+//! local monotonic deadline, so a stalled heartbeat loop fails closed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+/// What this process knows of one role.
+#[derive(Debug, Clone, Default)]
+pub struct RoleState {
+    pub name: Arc<str>,
+    /// Holder id as the store last reported it (may be this instance).
+    pub holder: Option<Arc<str>>,
+    pub holder_address: Option<Arc<str>>,
+    /// Token of the current (or last) term.
+    pub token: u64,
+    /// Local estimate of when the holder's term ends in the store.
+    pub holder_valid_until: Option<Instant>,
+    /// Set while this instance holds the role: `t_sent + duration - margin`.
+    pub held_until: Option<Instant>,
+}
+
+impl RoleState {
+    /// True while this instance holds the role, judged now.
+    pub fn held_now(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|d| now < d)
+    }
+
+    /// The holder's address if the holder is another instance whose term has not
+    /// expired by local estimate.
+    pub fn live_holder(&self, now: Instant) -> Option<(&Arc<str>, &Arc<str>)> {
+        match (&self.holder, &self.holder_address, self.holder_valid_until) {
+            (Some(h), Some(a), Some(until)) if now < until => Some((h, a)),
+            _ => None,
+        }
+    }
+}
+
+/// All roles, in registration order; published as one `Arc`.
+#[derive(Debug, Clone)]
+pub struct HolderSnapshot {
+    pub roles: Vec<RoleState>,
+    pub published_at: Instant,
+    /// False until the store answered once and this snapshot came from it.
+    pub loaded: bool,
+    /// True when the last store round trip succeeded.
+    pub store_ok: bool,
+    /// Whether this instance currently contends for roles.
+    pub candidate: bool,
+    /// Set once draining began: no new local work is admitted.
+    pub draining: bool,
+}

@@ -1,0 +1,13 @@
+#![forbid(unsafe_code)]
+#![doc = include_str!("../docs/library.md")]
+
+pub mod cli;
+pub mod config;
+pub mod gateway;
+pub mod identity;
+pub mod lease;
+pub mod proxy;
+pub mod store;
+
+pub use config::{Config, ConfigError, LeaseTimings};
+pub use lease::{Coordinator, CoordinatorBuilder, HeldLease, RoleLease, RolePartition};

@@ -1,0 +1,27 @@
+#![forbid(unsafe_code)]
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use rolegate::cli::{self, Cli, Command};
+
+fn main() -> ExitCode {
+    let args = Cli::parse();
+    cli::init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(cli::EXIT_RUNTIME);
+        }
+    };
+    runtime.block_on(async move {
+        match args.command.unwrap_or(Command::Run) {
+            Command::Run => rolegate::gateway::run(&args.config).await,
+            Command::CheckConfig => cli::check_config(&args.config).await,
+            Command::Migrate => cli::migrate(&args.config).await,
+            Command::Status { json } => cli::status(&args.config, json).await,
+            Command::Resolve { partition, key, scope } => cli::resolve(&args.config, &partition, &key, scope.as_deref()),
+        }
+    })
+}

@@ -1,0 +1,4 @@
+//! The proxy: route table and keys, the holder decision, forwarding and the
+//! tower layers.
+
+pub mod routes;

@@ -1,0 +1,192 @@
+//! In-process store: one process, tests and single-instance development.
+//! Expiry is judged by this process's monotonic clock.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tokio::sync::{broadcast, mpsc};
+
+use super::{check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+
+#[derive(Debug, Clone)]
+struct Record {
+    holder: Option<String>,
+    holder_address: Option<String>,
+    token: u64,
+    expires_at: Instant,
+}
+
+/// A lease table in memory; clone the `Arc` to share it between coordinators.
+#[derive(Debug)]
+pub struct MemoryStore {
+    table: Mutex<BTreeMap<String, Record>>,
+    changes: broadcast::Sender<()>,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    pub fn new() -> Self {
+        Self {
+            table: Mutex::new(BTreeMap::new()),
+            changes: broadcast::channel(64).0,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Record>> {
+        // A poisoned lock only means another thread panicked mid-update of plain
+        // data; the map itself is still consistent record by record.
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn blank(now: Instant) -> Record {
+        Record {
+            holder: None,
+            holder_address: None,
+            token: 0,
+            expires_at: now,
+        }
+    }
+}
+
+impl LeaseStore for MemoryStore {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        async { Ok(()) }.boxed()
+    }
+
+    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            check_names(roles)?;
+            let now = Instant::now();
+            let mut t = self.lock();
+            for r in roles {
+                t.entry(r.clone()).or_insert_with(|| Self::blank(now));
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn claim<'a>(
+        &'a self,
+        instance: &'a InstanceInfo,
+        claims: &'a [Claim],
+    ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        async move {
+            check_claims(claims)?;
+            let now = Instant::now();
+            let mut changed = false;
+            let mut grants = Vec::new();
+            {
+                let mut t = self.lock();
+                for c in claims {
+                    let rec = t.entry(c.role.clone()).or_insert_with(|| Self::blank(now));
+                    let live = rec.holder.is_some() && rec.expires_at > now;
+                    let mine = rec.holder.as_deref() == Some(instance.id.as_str());
+                    if live && !mine {
+                        continue;
+                    }
+                    if !(live && mine && c.held_token == Some(rec.token)) {
+                        rec.token += 1;
+                        changed = true;
+                    }
+                    rec.holder = Some(instance.id.clone());
+                    rec.holder_address = Some(instance.address.clone());
+                    rec.expires_at = now + c.duration;
+                    grants.push(Grant {
+                        role: c.role.clone(),
+                        token: rec.token,
+                    });
+                }
+            }
+            if changed {
+                let _ = self.changes.send(());
+            }
+            Ok(grants)
+        }
+        .boxed()
+    }
+
+    fn release<'a>(
+        &'a self,
+        instance: &'a InstanceInfo,
+        held: &'a [(String, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let mut released = Vec::new();
+            {
+                let mut t = self.lock();
+                for (role, token) in held {
+                    if let Some(rec) = t.get_mut(role) {
+                        if rec.holder.as_deref() == Some(instance.id.as_str()) && rec.token == *token {
+                            rec.holder = None;
+                            rec.holder_address = None;
+                            rec.expires_at = now;
+                            released.push(role.clone());
+                        }
+                    }
+                }
+            }
+            if !released.is_empty() {
+                let _ = self.changes.send(());
+            }
+            Ok(released)
+        }
+        .boxed()
+    }
+
+    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let t = self.lock();
+            let to_record = |role: &String, r: &Record| LeaseRecord {
+                role: role.clone(),
+                holder: r.holder.clone(),
+                holder_address: r.holder_address.clone(),
+                token: r.token,
+                remaining: r.expires_at.saturating_duration_since(now),
+            };
+            Ok(if roles.is_empty() {
+                t.iter().map(|(k, v)| to_record(k, v)).collect()
+            } else {
+                roles.iter().filter_map(|k| t.get(k).map(|v| to_record(k, v))).collect()
+            })
+        }
+        .boxed()
+    }
+
+    fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
+        let mut rx = self.changes.subscribe();
+        async move {
+            let (tx, feed) = mpsc::channel(1);
+            tokio::spawn(async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            if tx.is_closed() {
+                                return;
+                            }
+                            let _ = tx.try_send(());
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    }
+                }
+            });
+            Ok(feed)
+        }
+        .boxed()
+    }
+}
+
