@@ -1,0 +1,241 @@
+//! One body of tests run against every store: the lease contract each
+//! backend must keep (SPEC 3 and 4).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rolegate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
+
+fn instance(n: u32) -> InstanceInfo {
+    InstanceInfo {
+        id: format!("inst-{n}-{:08x}", rand_suffix()),
+        address: format!("http://127.0.0.1:{}", 10_000 + n),
+    }
+}
+
+fn rand_suffix() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1);
+    N.fetch_add(1, Ordering::Relaxed).wrapping_mul(2_654_435_761)
+}
+
+fn claim(role: &str, held: Option<u64>, ms: u64) -> Claim {
+    Claim {
+        role: role.into(),
+        held_token: held,
+        duration: Duration::from_millis(ms),
+    }
+}
+
+async fn grant(store: &dyn LeaseStore, who: &InstanceInfo, role: &str, held: Option<u64>, ms: u64) -> Option<u64> {
+    let grants = store.claim(who, &[claim(role, held, ms)]).await.expect("claim");
+    assert!(grants.len() <= 1);
+    grants.into_iter().find(|g| g.role == role).map(|g| g.token)
+}
+
+async fn registered(store: &Arc<dyn LeaseStore>, roles: &[&str]) {
+    let roles: Vec<String> = roles.iter().map(|s| s.to_string()).collect();
+    store.register(&roles).await.expect("register");
+    // Registering twice is harmless.
+    store.register(&roles).await.expect("register again");
+}
+
+async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["alpha"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "alpha", None, 5_000).await.expect("free role granted");
+    assert!(t >= 1);
+}
+
+async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["contested"]).await;
+    for round in 0..5 {
+        let role = "contested";
+        let mut tasks = Vec::new();
+        for n in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let who = instance(n);
+                grant(&*store, &who, role, None, 400).await
+            }));
+        }
+        let mut winners = 0;
+        for t in tasks {
+            if t.await.expect("task").is_some() {
+                winners += 1;
+            }
+        }
+        assert_eq!(winners, 1, "round {round}: exactly one of 8 concurrent acquirers wins");
+        tokio::time::sleep(Duration::from_millis(450)).await;
+    }
+}
+
+async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["r"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "r", None, 2_000).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(grant(&*store, &a, "r", Some(t), 2_000).await, Some(t));
+    }
+    let b = instance(2);
+    assert_eq!(grant(&*store, &b, "r", None, 2_000).await, None, "held role is not granted to another");
+}
+
+async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["x"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "x", None, 200).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t2 = grant(&*store, &b, "x", None, 5_000).await.expect("expired role taken over");
+    assert!(t2 > t1, "takeover bumps the token: {t1} -> {t2}");
+    assert_eq!(grant(&*store, &a, "x", Some(t1), 5_000).await, None, "late renewal refused");
+}
+
+async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["y"]).await;
+    let a = instance(1);
+    let t1 = grant(&*store, &a, "y", None, 150).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let t2 = grant(&*store, &a, "y", Some(t1), 1_000).await.expect("free again");
+    assert!(t2 > t1, "an expired term is never extended: {t1} -> {t2}");
+    // A wrong token on an unexpired term of our own also starts a new term.
+    let t3 = grant(&*store, &a, "y", Some(t2 + 100), 1_000).await.unwrap();
+    assert!(t3 > t2);
+}
+
+async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["rel"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "rel", None, 60_000).await.unwrap();
+    // A release by someone else, or with the wrong token, does nothing.
+    assert!(store.release(&b, &[("rel".into(), t1)]).await.unwrap().is_empty());
+    assert!(store.release(&a, &[("rel".into(), t1 + 1)]).await.unwrap().is_empty());
+    assert_eq!(grant(&*store, &b, "rel", None, 60_000).await, None);
+    assert_eq!(store.release(&a, &[("rel".into(), t1)]).await.unwrap(), vec!["rel".to_string()]);
+    let t2 = grant(&*store, &b, "rel", None, 60_000).await.expect("released role granted at once");
+    assert!(t2 > t1);
+}
+
+async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["s1", "s2", "s3"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "s1", None, 10_000).await.unwrap();
+    let t2 = grant(&*store, &b, "s2", None, 10_000).await.unwrap();
+    let names: Vec<String> = ["s1", "s2", "s3"].iter().map(|s| s.to_string()).collect();
+    let mut snap = store.snapshot(&names).await.unwrap();
+    snap.sort_by(|x, y| x.role.cmp(&y.role));
+    assert_eq!(snap.len(), 3);
+    assert_eq!(snap[0].holder.as_deref(), Some(a.id.as_str()));
+    assert_eq!(snap[0].holder_address.as_deref(), Some(a.address.as_str()));
+    assert_eq!(snap[0].token, t1);
+    assert!(snap[0].remaining > Duration::from_millis(8_000) && snap[0].remaining <= Duration::from_millis(10_000));
+    assert_eq!(snap[1].holder.as_deref(), Some(b.id.as_str()));
+    assert_eq!(snap[1].token, t2);
+    assert_eq!(snap[2].holder, None);
+    assert_eq!(snap[2].remaining, Duration::ZERO);
+    let all = store.snapshot(&[]).await.unwrap();
+    assert!(all.len() >= 3);
+}
+
+async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseStore>) {
+    registered(&store, &["n"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "n", None, 60_000).await.unwrap();
+    let mut feed = store.subscribe().await.expect("subscribe");
+    // Drain anything queued before.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while feed.try_recv().is_ok() {}
+    store.release(&a, &[("n".into(), t)]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), feed.recv())
+        .await
+        .expect("notification within 2s")
+        .expect("feed open");
+}
+
+async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>) {
+    let a = instance(1);
+    let long = "r".repeat(129);
+    match store.claim(&a, &[claim(&long, None, 1_000)]).await {
+        Err(StoreError::InvalidRole(_)) => {}
+        other => panic!("expected InvalidRole, got {other:?}"),
+    }
+    assert!(store.register(&[long]).await.is_err());
+    let ok = "r".repeat(128);
+    registered(&store, &[ok.as_str()]).await;
+    assert!(grant(&*store, &a, &ok, None, 1_000).await.is_some());
+}
+
+async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>) {
+    let names: Vec<String> = (0..300).map(|i| format!("batch:partition-{i}")).collect();
+    store.register(&names).await.unwrap();
+    let a = instance(1);
+    let claims: Vec<Claim> = names.iter().map(|n| claim(n, None, 5_000)).collect();
+    let grants = store.claim(&a, &claims).await.unwrap();
+    assert_eq!(grants.len(), 300);
+    let renew: Vec<Claim> = grants.iter().map(|g| claim(&g.role, Some(g.token), 5_000)).collect();
+    let again = store.claim(&a, &renew).await.unwrap();
+    assert_eq!(again.len(), 300);
+    for (g, h) in grants.iter().zip(&again) {
+        assert_eq!(g.token, again.iter().find(|x| x.role == g.role).unwrap().token);
+        let _ = h;
+    }
+    let b = instance(2);
+    assert!(store.claim(&b, &claims).await.unwrap().is_empty());
+}
+
+macro_rules! conformance {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            conformance!(@tests $make;
+                first_acquire_is_granted,
+                concurrent_acquirers_have_exactly_one_winner,
+                renew_keeps_the_token,
+                renew_after_expiry_is_refused_once_taken_over,
+                renewal_of_an_expired_term_starts_a_new_term,
+                release_lets_another_acquire_with_a_greater_token,
+                snapshot_reports_holders_tokens_and_time_left,
+                release_notification_reaches_a_waiting_instance,
+                names_over_128_bytes_are_refused,
+                batched_claims_cover_many_roles_in_one_call
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let store: Arc<dyn LeaseStore> = $make.await;
+                super::$name(store).await;
+            }
+        )*
+    };
+}
+
+async fn memory_store() -> Arc<dyn LeaseStore> {
+    Arc::new(rolegate::store::MemoryStore::new())
+}
+
+async fn sqlite_store() -> Arc<dyn LeaseStore> {
+    let dir = std::env::temp_dir().join(format!("rolegate-conf-{}", support::unique_table("sq")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let store = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases").await.expect("open sqlite");
+    store.migrate().await.expect("migrate sqlite");
+    Arc::new(store)
+}
+
+async fn postgres_store() -> Arc<dyn LeaseStore> {
+    let url = support::postgres_url();
+    let store = rolegate::store::PostgresStore::connect(&url, &support::unique_table("conf"))
+        .await
+        .expect("postgres config");
+    store.migrate().await.expect("migrate postgres");
+    Arc::new(store)
+}
+
+conformance!(memory, memory_store());
+conformance!(sqlite, sqlite_store());
+conformance!(postgres, postgres_store());

@@ -1,0 +1,144 @@
+//! Shared test support: throwaway PostgreSQL servers on free loopback ports,
+//! unique table names, and waiting for conditions with deadlines.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// A unique, valid table name for one test.
+pub fn unique_table(tag: &str) -> String {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    format!("rg_{}_{}_{}", tag, std::process::id(), n)
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("no free loopback port")
+}
+
+/// Waits until `f` returns true, polling every 5 ms, or panics after `limit`.
+pub async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return start.elapsed();
+        }
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The shared PostgreSQL that `scripts/test` starts (ROLEGATE_TEST_PG_URL).
+/// Without it the test fails and says how to get one.
+pub fn postgres_url() -> String {
+    match std::env::var("ROLEGATE_TEST_PG_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "this test needs PostgreSQL: run `scripts/test` (it installs and starts a throwaway server), \
+             or set ROLEGATE_TEST_PG_URL=postgres://USER@127.0.0.1:PORT/DB"
+        ),
+    }
+}
+
+fn pg_bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("ROLEGATE_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("initdb").exists()).collect())
+        .unwrap_or_default();
+    found.sort();
+    found.pop().unwrap_or_else(|| {
+        panic!("PostgreSQL server binaries not found under /usr/lib/postgresql: run `scripts/test` or `apt-get install -y postgresql`")
+    })
+}
+
+fn is_root() -> bool {
+    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+}
+
+fn pg_command(bin: &Path, tool: &str) -> Command {
+    if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(bin.join(tool));
+        c
+    } else {
+        Command::new(bin.join(tool))
+    }
+}
+
+/// A private PostgreSQL cluster that a test may stop and start (outage tests).
+pub struct PrivatePostgres {
+    bin: PathBuf,
+    dir: PathBuf,
+    pub port: u16,
+}
+
+impl PrivatePostgres {
+    pub fn start() -> Self {
+        let bin = pg_bin_dir();
+        let dir = std::env::temp_dir().join(format!("rolegate-pg-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("create pg dir");
+        if is_root() {
+            let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status().map(|s| s.success());
+            assert_eq!(ok.ok(), Some(true), "chown of {} to postgres failed", dir.display());
+        }
+        let out = pg_command(&bin, "initdb")
+            .args(["-A", "trust", "-U", "postgres", "-D"])
+            .arg(dir.join("data"))
+            .output()
+            .expect("run initdb");
+        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        let pg = Self { bin, dir, port: free_port() };
+        pg.start_server();
+        pg
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn start_server(&self) {
+        let out = pg_command(&self.bin, "pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .arg("-l")
+            .arg(self.dir.join("data/server.log"))
+            .arg("-o")
+            .arg(format!("-p {} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off", self.port))
+            .args(["-w", "start"])
+            .output()
+            .expect("run pg_ctl start");
+        assert!(out.status.success(), "pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// Stops the server at once (`-m immediate`), as a crash or outage would.
+    pub fn stop_server(&self) {
+        let out = pg_command(&self.bin, "pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output()
+            .expect("run pg_ctl stop");
+        assert!(out.status.success(), "pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = pg_command(&self.bin, "pg_ctl")
+            .arg("-D")
+            .arg(self.dir.join("data"))
+            .args(["-m", "immediate", "-w", "stop"])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
