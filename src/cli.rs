@@ -64,7 +64,9 @@ pub fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -150,27 +152,53 @@ pub async fn status(path: &std::path::Path, json: bool) -> ExitCode {
         let live = r.holder.is_some() && !r.remaining.is_zero();
         rows.push([
             r.role.clone(),
-            if live { r.holder.clone().unwrap_or_default() } else { "-".into() },
-            if live { r.holder_address.clone().unwrap_or_default() } else { "-".into() },
+            if live {
+                r.holder.clone().unwrap_or_default()
+            } else {
+                "-".into()
+            },
+            if live {
+                r.holder_address.clone().unwrap_or_default()
+            } else {
+                "-".into()
+            },
             r.token.to_string(),
-            if live { format!("{}ms", r.remaining.as_millis()) } else { "expired".into() },
+            if live {
+                format!("{}ms", r.remaining.as_millis())
+            } else {
+                "expired".into()
+            },
         ]);
     }
-    let widths: Vec<usize> = (0..5).map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0)).collect();
+    let widths: Vec<usize> = (0..5)
+        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
+        .collect();
     for row in rows {
-        let line: Vec<String> = row.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
         println!("{}", line.join("  ").trim_end());
     }
     ExitCode::SUCCESS
 }
 
-pub fn resolve(path: &std::path::Path, partition: &str, key: &str, scope: Option<&str>) -> ExitCode {
+pub fn resolve(
+    path: &std::path::Path,
+    partition: &str,
+    key: &str,
+    scope: Option<&str>,
+) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(code) => return code,
     };
     let Some(p) = config.partitions.iter().find(|p| p.name == partition) else {
-        eprintln!("error: partition `{partition}` is not declared in {}", path.display());
+        eprintln!(
+            "error: partition `{partition}` is not declared in {}",
+            path.display()
+        );
         return ExitCode::from(EXIT_CONFIG);
     };
     let index = crate::lease::partition_index(scope, key, p.count);

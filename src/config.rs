@@ -294,14 +294,24 @@ fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> ConfigError {
         if let Some(name) = rest.split('`').next() {
             key = name.to_string();
             let from = line.unwrap_or(1) as usize;
-            let found = text.lines().enumerate().skip(from.saturating_sub(1)).find(|(_, l)| {
-                let l = l.trim_start().trim_start_matches("- ");
-                l.strip_prefix(name).is_some_and(|r| r.trim_start().starts_with(':'))
-            });
+            let found = text
+                .lines()
+                .enumerate()
+                .skip(from.saturating_sub(1))
+                .find(|(_, l)| {
+                    let l = l.trim_start().trim_start_matches("- ");
+                    l.strip_prefix(name)
+                        .is_some_and(|r| r.trim_start().starts_with(':'))
+                });
             if let Some((i, _)) = found {
                 line = Some(i as u64 + 1);
             }
-            message = format!("unknown key{}", message.strip_prefix(&format!("unknown field `{name}`")).unwrap_or(""));
+            message = format!(
+                "unknown key{}",
+                message
+                    .strip_prefix(&format!("unknown field `{name}`"))
+                    .unwrap_or("")
+            );
         }
     }
     ConfigError {
@@ -482,7 +492,12 @@ impl Resolver<'_> {
         t.as_ref().map(|t| self.text(t, key)).transpose()
     }
 
-    fn duration(&self, t: &Option<Text>, key: &str, default: Duration) -> Result<Duration, ConfigError> {
+    fn duration(
+        &self,
+        t: &Option<Text>,
+        key: &str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
         let Some(t) = t else { return Ok(default) };
         let s = self.text(t, key)?;
         humantime::parse_duration(s.trim()).map_err(|e| {
@@ -505,8 +520,16 @@ impl Resolver<'_> {
     ) -> Result<LeaseTimings, ConfigError> {
         let t = LeaseTimings {
             duration: self.duration(duration, &format!("{prefix}.duration"), base.duration)?,
-            renew_interval: self.duration(renew, &format!("{prefix}.renew_interval"), base.renew_interval)?,
-            safety_margin: self.duration(margin, &format!("{prefix}.safety_margin"), base.safety_margin)?,
+            renew_interval: self.duration(
+                renew,
+                &format!("{prefix}.renew_interval"),
+                base.renew_interval,
+            )?,
+            safety_margin: self.duration(
+                margin,
+                &format!("{prefix}.safety_margin"),
+                base.safety_margin,
+            )?,
         };
         let loc = duration
             .as_ref()
@@ -518,13 +541,22 @@ impl Resolver<'_> {
         Ok(t)
     }
 
-    fn socket(&self, t: &Option<Text>, key: &str, default: &str) -> Result<SocketAddr, ConfigError> {
+    fn socket(
+        &self,
+        t: &Option<Text>,
+        key: &str,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
         let (s, loc) = match t {
             Some(t) => (self.text(t, key)?, Some(&t.referenced)),
             None => (default.to_string(), None),
         };
         s.trim().parse().map_err(|e| {
-            self.err(loc, key, format!("`{s}` is not a socket address like 0.0.0.0:8080 ({e})"))
+            self.err(
+                loc,
+                key,
+                format!("`{s}` is not a socket address like 0.0.0.0:8080 ({e})"),
+            )
         })
     }
 
@@ -534,7 +566,8 @@ impl Resolver<'_> {
             advertise: match &raw.instance.advertise {
                 Some(t) => {
                     let s = self.text(t, "instance.advertise")?;
-                    check_http_url(&s).map_err(|m| self.err(Some(&t.referenced), "instance.advertise", m))?;
+                    check_http_url(&s)
+                        .map_err(|m| self.err(Some(&t.referenced), "instance.advertise", m))?;
                     Some(s.trim_end_matches('/').to_string())
                 }
                 None => None,
@@ -561,7 +594,8 @@ impl Resolver<'_> {
             None => None,
             Some(u) => {
                 let url = self.text(&u.url, "upstream.url")?;
-                check_http_url(&url).map_err(|m| self.err(Some(&u.url.referenced), "upstream.url", m))?;
+                check_http_url(&url)
+                    .map_err(|m| self.err(Some(&u.url.referenced), "upstream.url", m))?;
                 let health = match &u.health {
                     None => None,
                     Some(h) => {
@@ -575,8 +609,11 @@ impl Resolver<'_> {
                                 "must start with /",
                             ));
                         }
-                        let interval =
-                            self.duration(&h.interval, "upstream.health.interval", Duration::from_secs(2))?;
+                        let interval = self.duration(
+                            &h.interval,
+                            "upstream.health.interval",
+                            Duration::from_secs(2),
+                        )?;
                         if interval.is_zero() {
                             return Err(self.err(
                                 h.interval.as_ref().map(|p| &p.referenced),
@@ -626,9 +663,17 @@ impl Resolver<'_> {
         for (i, r) in raw.roles.iter().enumerate() {
             let key = format!("roles[{i}].name");
             let name = self.text(&r.name, &key)?;
-            validate_role_name(&name).map_err(|e| self.err(Some(&r.name.referenced), &key, e.to_string()))?;
-            if names.insert(name.clone(), Some(r.name.referenced)).is_some() {
-                return Err(self.err(Some(&r.name.referenced), &key, format!("role `{name}` is declared twice")));
+            validate_role_name(&name)
+                .map_err(|e| self.err(Some(&r.name.referenced), &key, e.to_string()))?;
+            if names
+                .insert(name.clone(), Some(r.name.referenced))
+                .is_some()
+            {
+                return Err(self.err(
+                    Some(&r.name.referenced),
+                    &key,
+                    format!("role `{name}` is declared twice"),
+                ));
             }
             let timings = self.timings(
                 lease,
@@ -638,14 +683,18 @@ impl Resolver<'_> {
                 &format!("roles[{i}]"),
                 Some(&r.name.referenced),
             )?;
-            roles.push(RoleConfig { name, lease: timings });
+            roles.push(RoleConfig {
+                name,
+                lease: timings,
+            });
         }
         let mut partitions = Vec::new();
         let mut partition_names = HashSet::new();
         for (i, p) in raw.partitions.iter().enumerate() {
             let key = format!("partitions[{i}].name");
             let name = self.text(&p.name, &key)?;
-            validate_role_name(&name).map_err(|e| self.err(Some(&p.name.referenced), &key, e.to_string()))?;
+            validate_role_name(&name)
+                .map_err(|e| self.err(Some(&p.name.referenced), &key, e.to_string()))?;
             if !partition_names.insert(name.clone()) {
                 return Err(self.err(
                     Some(&p.name.referenced),
@@ -674,7 +723,10 @@ impl Resolver<'_> {
             for idx in 0..count {
                 let generated = crate::lease::partition_role_name(&name, idx);
                 if let Some(prev) = names.insert(generated.clone(), Some(p.name.referenced)) {
-                    let at = prev.and_then(|l| line_of(&l)).map(|l| format!(" (line {l})")).unwrap_or_default();
+                    let at = prev
+                        .and_then(|l| line_of(&l))
+                        .map(|l| format!(" (line {l})"))
+                        .unwrap_or_default();
                     return Err(self.err(
                         Some(&p.name.referenced),
                         &key,
@@ -701,7 +753,11 @@ impl Resolver<'_> {
 
         let proxy = RawProxyResolved::resolve(self, &raw.proxy)?;
         let shutdown = ShutdownConfig {
-            drain_timeout: self.duration(&raw.shutdown.drain_timeout, "shutdown.drain_timeout", Duration::from_secs(10))?,
+            drain_timeout: self.duration(
+                &raw.shutdown.drain_timeout,
+                "shutdown.drain_timeout",
+                Duration::from_secs(10),
+            )?,
         };
 
         Ok(Config {
@@ -728,23 +784,24 @@ impl Resolver<'_> {
                 table: DEFAULT_TABLE.into(),
             });
         };
-        let kind = match &raw.kind {
-            None => StoreKind::Sqlite,
-            Some(t) => match self.text(t, "store.kind")?.as_str() {
-                "memory" => StoreKind::Memory,
-                "sqlite" => StoreKind::Sqlite,
-                "postgres" | "postgresql" => StoreKind::Postgres,
-                "redis" => StoreKind::Redis,
-                "etcd" => StoreKind::Etcd,
-                other => {
-                    return Err(self.err(
+        let kind =
+            match &raw.kind {
+                None => StoreKind::Sqlite,
+                Some(t) => match self.text(t, "store.kind")?.as_str() {
+                    "memory" => StoreKind::Memory,
+                    "sqlite" => StoreKind::Sqlite,
+                    "postgres" | "postgresql" => StoreKind::Postgres,
+                    "redis" => StoreKind::Redis,
+                    "etcd" => StoreKind::Etcd,
+                    other => return Err(self.err(
                         Some(&t.referenced),
                         "store.kind",
-                        format!("unknown store `{other}`; use sqlite, postgres, redis, etcd or memory"),
-                    ))
-                }
-            },
-        };
+                        format!(
+                            "unknown store `{other}`; use sqlite, postgres, redis, etcd or memory"
+                        ),
+                    )),
+                },
+            };
         let url = match &raw.url {
             Some(t) => self.text(t, "store.url")?,
             None => match kind {
@@ -764,7 +821,8 @@ impl Resolver<'_> {
                 let s = self.text(t, "store.table")?;
                 let ok = !s.is_empty()
                     && s.len() <= 63
-                    && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    && s.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
                     && !s.as_bytes()[0].is_ascii_digit();
                 if !ok {
                     return Err(self.err(
@@ -797,13 +855,18 @@ impl Resolver<'_> {
             let at = format!("routes[{i}]");
             let route_loc = Some(&r.prefixes.referenced);
             if r.prefixes.value.is_empty() {
-                return Err(self.err(route_loc, &format!("{at}.prefixes"), "needs at least one prefix"));
+                return Err(self.err(
+                    route_loc,
+                    &format!("{at}.prefixes"),
+                    "needs at least one prefix",
+                ));
             }
             let mut prefixes = Vec::new();
             for (j, p) in r.prefixes.value.iter().enumerate() {
                 let key = format!("{at}.prefixes[{j}]");
                 let s = self.text(p, &key)?;
-                crate::proxy::routes::check_prefix(&s).map_err(|m| self.err(Some(&p.referenced), &key, m))?;
+                crate::proxy::routes::check_prefix(&s)
+                    .map_err(|m| self.err(Some(&p.referenced), &key, m))?;
                 let normal = crate::proxy::routes::normalize_prefix(&s);
                 if let Some(prev) = claimed.insert(normal.clone(), i) {
                     return Err(self.err(
@@ -822,7 +885,9 @@ impl Resolver<'_> {
                         "names both a role and a partition; choose one",
                     ))
                 }
-                (None, None) => return Err(self.err(route_loc, &at, "names neither `role` nor `partition`")),
+                (None, None) => {
+                    return Err(self.err(route_loc, &at, "names neither `role` nor `partition`"))
+                }
                 (Some(role), None) => {
                     let name = self.text(role, &format!("{at}.role"))?;
                     if !roles.iter().any(|x| x.name == name) {
@@ -875,7 +940,8 @@ impl Resolver<'_> {
     }
 
     fn key(&self, k: &RawKey, loc: &Location, at: &str) -> Result<KeySource, ConfigError> {
-        let set = k.header.is_some() as u8 + k.query.is_some() as u8 + k.path_segment.is_some() as u8;
+        let set =
+            k.header.is_some() as u8 + k.query.is_some() as u8 + k.path_segment.is_some() as u8;
         if set != 1 {
             return Err(self.err(
                 Some(loc),
@@ -886,20 +952,30 @@ impl Resolver<'_> {
         if let Some(h) = &k.header {
             let name = self.text(h, &format!("{at}.header"))?;
             http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                self.err(Some(&h.referenced), &format!("{at}.header"), format!("`{name}` is not a valid header name"))
+                self.err(
+                    Some(&h.referenced),
+                    &format!("{at}.header"),
+                    format!("`{name}` is not a valid header name"),
+                )
             })?;
             return Ok(KeySource::Header(name.to_ascii_lowercase()));
         }
         if let Some(q) = &k.query {
             let name = self.text(q, &format!("{at}.query"))?;
             if name.is_empty() {
-                return Err(self.err(Some(&q.referenced), &format!("{at}.query"), "must not be empty"));
+                return Err(self.err(
+                    Some(&q.referenced),
+                    &format!("{at}.query"),
+                    "must not be empty",
+                ));
             }
             return Ok(KeySource::Query(name));
         }
         let seg = k.path_segment.as_ref().expect("one key kind is set");
         match &seg.value {
-            SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => Ok(KeySource::PathSegment(*n as usize)),
+            SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => {
+                Ok(KeySource::PathSegment(*n as usize))
+            }
             SegmentIndex::Word(w) if w == "last" => Ok(KeySource::PathSegmentLast),
             _ => Err(self.err(
                 Some(&seg.referenced),
@@ -913,18 +989,34 @@ impl Resolver<'_> {
 struct RawProxyResolved;
 impl RawProxyResolved {
     fn resolve(r: &Resolver<'_>, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
-        let connect_timeout = r.duration(&raw.connect_timeout, "proxy.connect_timeout", Duration::from_secs(1))?;
+        let connect_timeout = r.duration(
+            &raw.connect_timeout,
+            "proxy.connect_timeout",
+            Duration::from_secs(1),
+        )?;
         let response_header_timeout = r.duration(
             &raw.response_header_timeout,
             "proxy.response_header_timeout",
             Duration::from_secs(30),
         )?;
         for (v, t, key) in [
-            (connect_timeout, &raw.connect_timeout, "proxy.connect_timeout"),
-            (response_header_timeout, &raw.response_header_timeout, "proxy.response_header_timeout"),
+            (
+                connect_timeout,
+                &raw.connect_timeout,
+                "proxy.connect_timeout",
+            ),
+            (
+                response_header_timeout,
+                &raw.response_header_timeout,
+                "proxy.response_header_timeout",
+            ),
         ] {
             if v.is_zero() {
-                return Err(r.err(t.as_ref().map(|t| &t.referenced), key, "must be greater than 0"));
+                return Err(r.err(
+                    t.as_ref().map(|t| &t.referenced),
+                    key,
+                    "must be greater than 0",
+                ));
             }
         }
         let cluster_secret = r.opt_text(&raw.cluster_secret, "proxy.cluster_secret")?;
@@ -976,7 +1068,8 @@ pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<S
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
                 return Err(format!("`${{{name}}}` is not a valid variable name"));
             }
-            let value = env(name).ok_or_else(|| format!("environment variable `{name}` is not set"))?;
+            let value =
+                env(name).ok_or_else(|| format!("environment variable `{name}` is not set"))?;
             out.push_str(&value);
             rest = &body[end + 1..];
         } else {
@@ -1028,9 +1121,14 @@ mod tests {
 
     #[test]
     fn env_vars_expand_in_string_values() {
-        let c = parse("store:\n  kind: postgres\n  url: ${DB}\nproxy:\n  cluster_secret: ${SECRET}\n").unwrap();
+        let c =
+            parse("store:\n  kind: postgres\n  url: ${DB}\nproxy:\n  cluster_secret: ${SECRET}\n")
+                .unwrap();
         assert_eq!(c.store.url, "postgres://x@127.0.0.1/db");
-        assert_eq!(c.proxy.cluster_secret.as_deref(), Some("0123456789abcdef0123"));
+        assert_eq!(
+            c.proxy.cluster_secret.as_deref(),
+            Some("0123456789abcdef0123")
+        );
         assert_eq!(expand_env("a$$b", &env).unwrap(), "a$b");
     }
 
@@ -1073,7 +1171,8 @@ mod tests {
 
     #[test]
     fn role_equal_to_generated_partition_role_is_refused() {
-        let e = refused("roles:\n  - name: p:partition-1\npartitions:\n  - name: p\n    count: 4\n");
+        let e =
+            refused("roles:\n  - name: p:partition-1\npartitions:\n  - name: p\n    count: 4\n");
         assert!(e.message.contains("p:partition-1"), "{e}");
         assert_eq!(e.line, Some(4));
     }
@@ -1121,8 +1220,14 @@ mod tests {
 
     #[test]
     fn partition_count_bounds() {
-        assert_eq!(refused("partitions:\n  - name: p\n    count: 0\n").key, "partitions[0].count");
-        assert_eq!(refused("partitions:\n  - name: p\n    count: 65537\n").key, "partitions[0].count");
+        assert_eq!(
+            refused("partitions:\n  - name: p\n    count: 0\n").key,
+            "partitions[0].count"
+        );
+        assert_eq!(
+            refused("partitions:\n  - name: p\n    count: 65537\n").key,
+            "partitions[0].count"
+        );
         assert!(parse("partitions:\n  - name: p\n    count: 65536\n").is_ok());
     }
 

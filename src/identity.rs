@@ -20,7 +20,13 @@ fn hostname() -> String {
     let raw = gethostname::gethostname().to_string_lossy().into_owned();
     let clean: String = raw
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(64)
         .collect();
     if clean.is_empty() {
@@ -38,7 +44,9 @@ pub fn advertise_address(configured: Option<&str>, bound: SocketAddr) -> String 
         return a.trim_end_matches('/').to_string();
     }
     let ip = if bound.ip().is_unspecified() {
-        non_loopback_ipv4().map(IpAddr::V4).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        non_loopback_ipv4()
+            .map(IpAddr::V4)
+            .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
     } else {
         bound.ip()
     };
@@ -51,7 +59,9 @@ pub fn advertise_address(configured: Option<&str>, bound: SocketAddr) -> String 
 fn non_loopback_ipv4() -> Option<Ipv4Addr> {
     let addrs = if_addrs::get_if_addrs().ok()?;
     addrs.into_iter().find_map(|iface| match iface.ip() {
-        IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified() => Some(v4),
+        IpAddr::V4(v4) if !v4.is_loopback() && !v4.is_link_local() && !v4.is_unspecified() => {
+            Some(v4)
+        }
         _ => None,
     })
 }
@@ -76,7 +86,10 @@ mod tests {
             advertise_address(None, "127.0.0.1:8080".parse().unwrap()),
             "http://127.0.0.1:8080"
         );
-        assert_eq!(advertise_address(Some("https://a.example/"), "0.0.0.0:1".parse().unwrap()), "https://a.example");
+        assert_eq!(
+            advertise_address(Some("https://a.example/"), "0.0.0.0:1".parse().unwrap()),
+            "https://a.example"
+        );
         let wild = advertise_address(None, "0.0.0.0:8080".parse().unwrap());
         assert!(!wild.contains("0.0.0.0"), "{wild}");
         assert!(wild.ends_with(":8080"));

@@ -8,7 +8,10 @@ use rolegate::cli::{self, Cli, Command};
 fn main() -> ExitCode {
     let args = Cli::parse();
     cli::init_logging(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -21,7 +24,11 @@ fn main() -> ExitCode {
             Command::CheckConfig => cli::check_config(&args.config).await,
             Command::Migrate => cli::migrate(&args.config).await,
             Command::Status { json } => cli::status(&args.config, json).await,
-            Command::Resolve { partition, key, scope } => cli::resolve(&args.config, &partition, &key, scope.as_deref()),
+            Command::Resolve {
+                partition,
+                key,
+                scope,
+            } => cli::resolve(&args.config, &partition, &key, scope.as_deref()),
         }
     })
 }

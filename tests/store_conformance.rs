@@ -18,7 +18,8 @@ fn instance(n: u32) -> InstanceInfo {
 fn rand_suffix() -> u32 {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(1);
-    N.fetch_add(1, Ordering::Relaxed).wrapping_mul(2_654_435_761)
+    N.fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(2_654_435_761)
 }
 
 fn claim(role: &str, held: Option<u64>, ms: u64) -> Claim {
@@ -29,8 +30,17 @@ fn claim(role: &str, held: Option<u64>, ms: u64) -> Claim {
     }
 }
 
-async fn grant(store: &dyn LeaseStore, who: &InstanceInfo, role: &str, held: Option<u64>, ms: u64) -> Option<u64> {
-    let grants = store.claim(who, &[claim(role, held, ms)]).await.expect("claim");
+async fn grant(
+    store: &dyn LeaseStore,
+    who: &InstanceInfo,
+    role: &str,
+    held: Option<u64>,
+    ms: u64,
+) -> Option<u64> {
+    let grants = store
+        .claim(who, &[claim(role, held, ms)])
+        .await
+        .expect("claim");
     assert!(grants.len() <= 1);
     grants.into_iter().find(|g| g.role == role).map(|g| g.token)
 }
@@ -45,7 +55,9 @@ async fn registered(store: &Arc<dyn LeaseStore>, roles: &[&str]) {
 async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>) {
     registered(&store, &["alpha"]).await;
     let a = instance(1);
-    let t = grant(&*store, &a, "alpha", None, 5_000).await.expect("free role granted");
+    let t = grant(&*store, &a, "alpha", None, 5_000)
+        .await
+        .expect("free role granted");
     assert!(t >= 1);
 }
 
@@ -67,7 +79,10 @@ async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>
                 winners += 1;
             }
         }
-        assert_eq!(winners, 1, "round {round}: exactly one of 8 concurrent acquirers wins");
+        assert_eq!(
+            winners, 1,
+            "round {round}: exactly one of 8 concurrent acquirers wins"
+        );
         tokio::time::sleep(Duration::from_millis(450)).await;
     }
 }
@@ -80,7 +95,11 @@ async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>) {
         assert_eq!(grant(&*store, &a, "r", Some(t), 2_000).await, Some(t));
     }
     let b = instance(2);
-    assert_eq!(grant(&*store, &b, "r", None, 2_000).await, None, "held role is not granted to another");
+    assert_eq!(
+        grant(&*store, &b, "r", None, 2_000).await,
+        None,
+        "held role is not granted to another"
+    );
 }
 
 async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore>) {
@@ -88,9 +107,15 @@ async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "x", None, 200).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let t2 = grant(&*store, &b, "x", None, 5_000).await.expect("expired role taken over");
+    let t2 = grant(&*store, &b, "x", None, 5_000)
+        .await
+        .expect("expired role taken over");
     assert!(t2 > t1, "takeover bumps the token: {t1} -> {t2}");
-    assert_eq!(grant(&*store, &a, "x", Some(t1), 5_000).await, None, "late renewal refused");
+    assert_eq!(
+        grant(&*store, &a, "x", Some(t1), 5_000).await,
+        None,
+        "late renewal refused"
+    );
 }
 
 async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>) {
@@ -98,10 +123,14 @@ async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>
     let a = instance(1);
     let t1 = grant(&*store, &a, "y", None, 150).await.unwrap();
     tokio::time::sleep(Duration::from_millis(250)).await;
-    let t2 = grant(&*store, &a, "y", Some(t1), 1_000).await.expect("free again");
+    let t2 = grant(&*store, &a, "y", Some(t1), 1_000)
+        .await
+        .expect("free again");
     assert!(t2 > t1, "an expired term is never extended: {t1} -> {t2}");
     // A wrong token on an unexpired term of our own also starts a new term.
-    let t3 = grant(&*store, &a, "y", Some(t2 + 100), 1_000).await.unwrap();
+    let t3 = grant(&*store, &a, "y", Some(t2 + 100), 1_000)
+        .await
+        .unwrap();
     assert!(t3 > t2);
 }
 
@@ -110,11 +139,24 @@ async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseS
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "rel", None, 60_000).await.unwrap();
     // A release by someone else, or with the wrong token, does nothing.
-    assert!(store.release(&b, &[("rel".into(), t1)]).await.unwrap().is_empty());
-    assert!(store.release(&a, &[("rel".into(), t1 + 1)]).await.unwrap().is_empty());
+    assert!(store
+        .release(&b, &[("rel".into(), t1)])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .release(&a, &[("rel".into(), t1 + 1)])
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(grant(&*store, &b, "rel", None, 60_000).await, None);
-    assert_eq!(store.release(&a, &[("rel".into(), t1)]).await.unwrap(), vec!["rel".to_string()]);
-    let t2 = grant(&*store, &b, "rel", None, 60_000).await.expect("released role granted at once");
+    assert_eq!(
+        store.release(&a, &[("rel".into(), t1)]).await.unwrap(),
+        vec!["rel".to_string()]
+    );
+    let t2 = grant(&*store, &b, "rel", None, 60_000)
+        .await
+        .expect("released role granted at once");
     assert!(t2 > t1);
 }
 
@@ -130,7 +172,10 @@ async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore
     assert_eq!(snap[0].holder.as_deref(), Some(a.id.as_str()));
     assert_eq!(snap[0].holder_address.as_deref(), Some(a.address.as_str()));
     assert_eq!(snap[0].token, t1);
-    assert!(snap[0].remaining > Duration::from_millis(8_000) && snap[0].remaining <= Duration::from_millis(10_000));
+    assert!(
+        snap[0].remaining > Duration::from_millis(8_000)
+            && snap[0].remaining <= Duration::from_millis(10_000)
+    );
     assert_eq!(snap[1].holder.as_deref(), Some(b.id.as_str()));
     assert_eq!(snap[1].token, t2);
     assert_eq!(snap[2].holder, None);
@@ -174,11 +219,17 @@ async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>)
     let claims: Vec<Claim> = names.iter().map(|n| claim(n, None, 5_000)).collect();
     let grants = store.claim(&a, &claims).await.unwrap();
     assert_eq!(grants.len(), 300);
-    let renew: Vec<Claim> = grants.iter().map(|g| claim(&g.role, Some(g.token), 5_000)).collect();
+    let renew: Vec<Claim> = grants
+        .iter()
+        .map(|g| claim(&g.role, Some(g.token), 5_000))
+        .collect();
     let again = store.claim(&a, &renew).await.unwrap();
     assert_eq!(again.len(), 300);
     for (g, h) in grants.iter().zip(&again) {
-        assert_eq!(g.token, again.iter().find(|x| x.role == g.role).unwrap().token);
+        assert_eq!(
+            g.token,
+            again.iter().find(|x| x.role == g.role).unwrap().token
+        );
         let _ = h;
     }
     let b = instance(2);
@@ -222,7 +273,9 @@ async fn sqlite_store() -> Arc<dyn LeaseStore> {
     let dir = std::env::temp_dir().join(format!("rolegate-conf-{}", support::unique_table("sq")));
     std::fs::create_dir_all(&dir).unwrap();
     let url = format!("sqlite://{}/leases.db", dir.display());
-    let store = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases").await.expect("open sqlite");
+    let store = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases")
+        .await
+        .expect("open sqlite");
     store.migrate().await.expect("migrate sqlite");
     Arc::new(store)
 }

@@ -44,18 +44,28 @@ pub enum CoordinatorError {
     Store(#[from] StoreError),
 }
 
-/// One interval in which this instance believed it held `role` under `token`.
-/// Emitted when the interval ends; `start` and `end` are on the monotonic clock.
+/// The edges of the intervals in which this instance believes it holds a role.
+/// `Began` is emitted just before readers can see the term, `Ended` just after
+/// they can no longer; `at` is on the monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldInterval {
-    pub instance: Arc<str>,
-    pub role: Arc<str>,
-    pub token: u64,
-    pub start: Instant,
-    pub end: Instant,
+pub enum LeaseEvent {
+    Began {
+        instance: Arc<str>,
+        role: Arc<str>,
+        token: u64,
+        at: Instant,
+        /// Local trust deadline at the start; later renewals extend it.
+        until: Instant,
+    },
+    Ended {
+        instance: Arc<str>,
+        role: Arc<str>,
+        token: u64,
+        at: Instant,
+    },
 }
 
-type IntervalHook = Arc<dyn Fn(HeldInterval) + Send + Sync>;
+type IntervalHook = Arc<dyn Fn(LeaseEvent) + Send + Sync>;
 
 /// Counters of store work, for tests, metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,6 +77,8 @@ pub struct CoordinatorStats {
     pub store_errors: u64,
     pub late_responses: u64,
     pub term_changes: u64,
+    /// Most store calls made by one tick, after the first (registration) tick.
+    pub max_calls_per_tick: u64,
 }
 
 #[derive(Default)]
@@ -78,6 +90,7 @@ struct Counters {
     store_errors: AtomicU64,
     late_responses: AtomicU64,
     term_changes: AtomicU64,
+    max_calls_per_tick: AtomicU64,
 }
 
 struct RoleMeta {
@@ -172,8 +185,9 @@ impl CoordinatorBuilder {
         self
     }
 
-    /// Called with every held interval when it ends (for event logs and tests).
-    pub fn on_held_interval(mut self, hook: impl Fn(HeldInterval) + Send + Sync + 'static) -> Self {
+    /// Called at the start and end of every held interval (event logs, tests).
+    /// Runs on the heartbeat loop: keep it quick.
+    pub fn on_lease_event(mut self, hook: impl Fn(LeaseEvent) + Send + Sync + 'static) -> Self {
         self.hook = Some(Arc::new(hook));
         self
     }
@@ -187,10 +201,12 @@ impl CoordinatorBuilder {
         let mut partitions = HashMap::new();
         let mut push = |name: String, timings: LeaseTimings, roles: &mut Vec<RoleMeta>| {
             validate_role_name(&name)?;
-            timings.check().map_err(|message| CoordinatorError::Timings {
-                role: name.clone(),
-                message,
-            })?;
+            timings
+                .check()
+                .map_err(|message| CoordinatorError::Timings {
+                    role: name.clone(),
+                    message,
+                })?;
             let name: Arc<str> = name.into();
             if index.insert(name.clone(), roles.len()).is_some() {
                 return Err(CoordinatorError::DuplicateRole(name.to_string()));
@@ -210,7 +226,13 @@ impl CoordinatorBuilder {
                 push(partition_role_name(&p.name, i), p.timings, &mut roles)?;
             }
             if partitions
-                .insert(p.name.clone(), PartitionMeta { count: p.count, first })
+                .insert(
+                    p.name.clone(),
+                    PartitionMeta {
+                        count: p.count,
+                        first,
+                    },
+                )
                 .is_some()
             {
                 return Err(CoordinatorError::DuplicateRole(p.name));
@@ -220,7 +242,11 @@ impl CoordinatorBuilder {
             return Err(CoordinatorError::Empty);
         }
         let id = crate::identity::instance_id(self.name.as_deref());
-        let tick_every = roles.iter().map(|r| r.timings.renew_interval).min().unwrap_or_default();
+        let tick_every = roles
+            .iter()
+            .map(|r| r.timings.renew_interval)
+            .min()
+            .unwrap_or_default();
         let op_timeout = roles
             .iter()
             .map(|r| r.timings.duration - r.timings.safety_margin)
@@ -354,6 +380,7 @@ impl Coordinator {
             store_errors: c.store_errors.load(Ordering::Relaxed),
             late_responses: c.late_responses.load(Ordering::Relaxed),
             term_changes: c.term_changes.load(Ordering::Relaxed),
+            max_calls_per_tick: c.max_calls_per_tick.load(Ordering::Relaxed),
         }
     }
 
@@ -403,7 +430,11 @@ impl Coordinator {
     /// One-shot lease for bootstrap-style jobs: a single claim of `role` for
     /// `ttl`, outside the heartbeat loop; not renewed. The returned lease is
     /// trusted until `valid_until`.
-    pub async fn try_acquire(&self, role: &str, ttl: Duration) -> Result<Option<OneShotLease>, CoordinatorError> {
+    pub async fn try_acquire(
+        &self,
+        role: &str,
+        ttl: Duration,
+    ) -> Result<Option<OneShotLease>, CoordinatorError> {
         validate_role_name(role)?;
         let store = &self.shared.store;
         store.register(&[role.to_string()]).await?;
@@ -431,7 +462,10 @@ impl Coordinator {
         let released = self
             .shared
             .store
-            .release(&self.shared.instance, &[(lease.lease.role.to_string(), lease.lease.token)])
+            .release(
+                &self.shared.instance,
+                &[(lease.lease.role.to_string(), lease.lease.token)],
+            )
             .await?;
         Ok(!released.is_empty())
     }
@@ -592,6 +626,8 @@ struct HeartbeatLoop {
     loaded: bool,
     store_ok: bool,
     registered: bool,
+    registered_ticks: u64,
+    calls_this_tick: u64,
     published: u64,
     last_error_log: Option<Instant>,
 }
@@ -617,6 +653,8 @@ impl HeartbeatLoop {
             loaded: false,
             store_ok: false,
             registered: false,
+            registered_ticks: 0,
+            calls_this_tick: 0,
             published: 0,
             last_error_log: None,
         }
@@ -631,7 +669,9 @@ impl HeartbeatLoop {
                 return;
             }
             if feed.is_none() {
-                match tokio::time::timeout(self.shared.op_timeout, self.shared.store.subscribe()).await {
+                match tokio::time::timeout(self.shared.op_timeout, self.shared.store.subscribe())
+                    .await
+                {
                     Ok(Ok(f)) => feed = Some(f),
                     Ok(Err(e)) => self.store_failed("subscribe", &e.to_string()),
                     Err(_) => self.store_failed("subscribe", "timed out"),
@@ -679,11 +719,17 @@ impl HeartbeatLoop {
     }
 
     fn store_failed(&mut self, what: &str, error: &str) {
-        self.shared.counters.store_errors.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .store_errors
+            .fetch_add(1, Ordering::Relaxed);
         self.store_ok = false;
         let now = Instant::now();
         // One warning per second at most while the store is down.
-        if self.last_error_log.is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1)) {
+        if self
+            .last_error_log
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
             self.last_error_log = Some(now);
             tracing::warn!(store = self.shared.store.kind(), op = what, %error, "lease store call failed; failing closed and retrying");
         }
@@ -703,13 +749,12 @@ impl HeartbeatLoop {
     fn end_term(&mut self, i: usize, end: Instant) {
         if let Some(h) = self.roles[i].held.take() {
             self.roles[i].next_attempt = Instant::now();
-            if let Some(hook) = &self.shared.hook {
-                hook(HeldInterval {
+            if let (Some(hook), true) = (&self.shared.hook, h.published) {
+                hook(LeaseEvent::Ended {
                     instance: self.shared.instance_id.clone(),
                     role: self.shared.roles[i].name.clone(),
                     token: h.token,
-                    start: h.started,
-                    end: end.max(h.started),
+                    at: end.max(h.started),
                 });
             }
         }
@@ -719,8 +764,13 @@ impl HeartbeatLoop {
         self.shared.counters.ticks.fetch_add(1, Ordering::Relaxed);
         let shared = self.shared.clone();
         if !self.registered {
-            match tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names)).await {
-                Ok(Ok(())) => self.registered = true,
+            match tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names))
+                .await
+            {
+                Ok(Ok(())) => {
+                    self.registered = true;
+                    self.registered_ticks = 0;
+                }
                 Ok(Err(e)) => self.store_failed("register", &e.to_string()),
                 Err(_) => self.store_failed("register", "timed out"),
             }
@@ -732,14 +782,25 @@ impl HeartbeatLoop {
         }
         self.expire_local(Instant::now());
 
+        // Read first, so a role freed since the last tick (a notification woke
+        // us) is claimed in this same tick.
+        self.read_snapshot().await;
         let candidate = shared.candidate.load(Ordering::Acquire);
         if !candidate {
             self.release_all().await;
         } else {
             self.claim().await;
         }
-        self.read_snapshot().await;
         self.publish();
+        let calls = self.calls_this_tick;
+        self.calls_this_tick = 0;
+        if self.registered_ticks > 0 {
+            shared
+                .counters
+                .max_calls_per_tick
+                .fetch_max(calls, Ordering::Relaxed);
+        }
+        self.registered_ticks += 1;
     }
 
     async fn claim(&mut self) {
@@ -767,8 +828,10 @@ impl HeartbeatLoop {
             .min()
             .unwrap_or(shared.op_timeout);
         shared.counters.claim_calls.fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
         let t_sent = Instant::now();
-        let result = tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
+        let result =
+            tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
         let t_recv = Instant::now();
         let grants = match result {
             Ok(Ok(grants)) => grants,
@@ -776,7 +839,8 @@ impl HeartbeatLoop {
             Err(_) => return self.store_failed("claim", "timed out"),
         };
         self.store_ok = true;
-        let granted: HashMap<&str, u64> = grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
+        let granted: HashMap<&str, u64> =
+            grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
         for &i in &which {
             let meta = &shared.roles[i];
             let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
@@ -798,14 +862,24 @@ impl HeartbeatLoop {
                             tracing::info!(role = %meta.name, token, "acquired role");
                         }
                     }
-                    self.roles[i].state.token = token;
+                    let st = &mut self.roles[i].state;
+                    st.token = token;
+                    st.holder = Some(shared.instance_id.clone());
+                    st.holder_address = Some(shared.instance.address.as_str().into());
+                    st.holder_valid_until = Some(t_sent + meta.timings.duration);
                 }
                 Some(&token) => {
                     // Late: the grant may already be unsafe to act on. Abandon the term;
                     // the next claim asks for a fresh one.
-                    shared.counters.late_responses.fetch_add(1, Ordering::Relaxed);
+                    shared
+                        .counters
+                        .late_responses
+                        .fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
-                    self.end_term(i, t_recv.min(self.roles[i].held.map_or(t_recv, |h| h.held_until)));
+                    self.end_term(
+                        i,
+                        t_recv.min(self.roles[i].held.map_or(t_recv, |h| h.held_until)),
+                    );
                 }
                 None => {
                     if self.roles[i].held.is_some() {
@@ -819,8 +893,13 @@ impl HeartbeatLoop {
 
     async fn read_snapshot(&mut self) {
         let shared = self.shared.clone();
-        shared.counters.snapshot_calls.fetch_add(1, Ordering::Relaxed);
-        let result = tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
+        shared
+            .counters
+            .snapshot_calls
+            .fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
+        let result =
+            tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
         let t_recv = Instant::now();
         let records = match result {
             Ok(Ok(records)) => records,
@@ -830,7 +909,9 @@ impl HeartbeatLoop {
         self.store_ok = true;
         self.loaded = true;
         for rec in records {
-            let Some(&i) = shared.index.get(rec.role.as_str()) else { continue };
+            let Some(&i) = shared.index.get(rec.role.as_str()) else {
+                continue;
+            };
             let mine = rec.holder.as_deref() == Some(shared.instance.id.as_str());
             let r = &mut self.roles[i];
             if let Some(h) = r.held {
@@ -864,6 +945,15 @@ impl HeartbeatLoop {
                 if !h.published {
                     h.started = now;
                     h.published = true;
+                    if let Some(hook) = &self.shared.hook {
+                        hook(LeaseEvent::Began {
+                            instance: self.shared.instance_id.clone(),
+                            role: r.state.name.clone(),
+                            token: h.token,
+                            at: now,
+                            until: h.held_until,
+                        });
+                    }
                 }
             }
         }
@@ -894,7 +984,10 @@ impl HeartbeatLoop {
             .roles
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.held.map(|h| (self.shared.roles[i].name.to_string(), h.token)))
+            .filter_map(|(i, r)| {
+                r.held
+                    .map(|h| (self.shared.roles[i].name.to_string(), h.token))
+            })
             .collect();
         for i in 0..self.roles.len() {
             self.end_term(i, now);
@@ -904,8 +997,17 @@ impl HeartbeatLoop {
             return;
         }
         let shared = self.shared.clone();
-        shared.counters.release_calls.fetch_add(1, Ordering::Relaxed);
-        match tokio::time::timeout(shared.op_timeout, shared.store.release(&shared.instance, &held)).await {
+        shared
+            .counters
+            .release_calls
+            .fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
+        match tokio::time::timeout(
+            shared.op_timeout,
+            shared.store.release(&shared.instance, &held),
+        )
+        .await
+        {
             Ok(Ok(released)) => {
                 tracing::info!(count = released.len(), "released held roles");
             }

@@ -9,8 +9,8 @@ mod partition;
 mod snapshot;
 
 pub use coordinator::{
-    Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, HeldInterval, RoleLease,
-    RolePartition,
+    Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, HolderInfo, LeaseEvent,
+    OneShotLease, RoleLease, RolePartition,
 };
 pub use partition::{partition_index, partition_role_name, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
@@ -79,7 +79,10 @@ mod tests {
         assert!(validate_role_name("maintenance").is_ok());
         assert!(validate_role_name("devices:partition-15").is_ok());
         assert!(validate_role_name(&"a".repeat(128)).is_ok());
-        assert_eq!(validate_role_name(&"a".repeat(129)), Err(RoleNameError::TooLong(129)));
+        assert_eq!(
+            validate_role_name(&"a".repeat(129)),
+            Err(RoleNameError::TooLong(129))
+        );
         assert_eq!(validate_role_name(""), Err(RoleNameError::Empty));
         assert!(validate_role_name("a b").is_err());
         assert!(validate_role_name("a/b").is_err());

@@ -59,7 +59,10 @@ mod tests {
         assert_eq!(xxh64(b"a", 0), 0xd24ec4f1a98c6e5b);
         assert_eq!(xxh64(b"device-42", 0), 0xfa14548796d419f1);
         assert_eq!(xxh64(b"Order\x007", 0), 0xe31ae94b5567c10c);
-        assert_eq!(xxh64(b"device-42", 0) % 16, u64::from(partition_index(None, "device-42", 16)));
+        assert_eq!(
+            xxh64(b"device-42", 0) % 16,
+            u64::from(partition_index(None, "device-42", 16))
+        );
         for (scope, key, count, expected) in crate::lease::partition::GOLDEN {
             assert_eq!(
                 partition_index(*scope, key, *count),

@@ -7,11 +7,17 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
     if !prefix.starts_with('/') {
         return Err(format!("prefix `{prefix}` must start with /"));
     }
-    if prefix.contains(['?', '#']) || prefix.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+    if prefix.contains(['?', '#'])
+        || prefix
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
         return Err(format!("prefix `{prefix}` must be a plain path"));
     }
     if prefix.split('/').any(|s| s == "." || s == "..") {
-        return Err(format!("prefix `{prefix}` must not contain . or .. segments"));
+        return Err(format!(
+            "prefix `{prefix}` must not contain . or .. segments"
+        ));
     }
     Ok(())
 }

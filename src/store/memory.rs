@@ -9,7 +9,10 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::{broadcast, mpsc};
 
-use super::{check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+use super::{
+    check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
+    StoreError,
+};
 
 #[derive(Debug, Clone)]
 struct Record {
@@ -130,7 +133,9 @@ impl LeaseStore for MemoryStore {
                 let mut t = self.lock();
                 for (role, token) in held {
                     if let Some(rec) = t.get_mut(role) {
-                        if rec.holder.as_deref() == Some(instance.id.as_str()) && rec.token == *token {
+                        if rec.holder.as_deref() == Some(instance.id.as_str())
+                            && rec.token == *token
+                        {
                             rec.holder = None;
                             rec.holder_address = None;
                             rec.expires_at = now;
@@ -147,7 +152,10 @@ impl LeaseStore for MemoryStore {
         .boxed()
     }
 
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let now = Instant::now();
             let t = self.lock();
@@ -161,7 +169,10 @@ impl LeaseStore for MemoryStore {
             Ok(if roles.is_empty() {
                 t.iter().map(|(k, v)| to_record(k, v)).collect()
             } else {
-                roles.iter().filter_map(|k| t.get(k).map(|v| to_record(k, v))).collect()
+                roles
+                    .iter()
+                    .filter_map(|k| t.get(k).map(|v| to_record(k, v)))
+                    .collect()
             })
         }
         .boxed()
@@ -189,4 +200,3 @@ impl LeaseStore for MemoryStore {
         .boxed()
     }
 }
-

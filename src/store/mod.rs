@@ -111,7 +111,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 
     /// Reads the records of the given roles (all of them when empty) in one round trip.
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>>;
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>>;
 
     /// Starts the change feed. It survives connection loss by reconnecting.
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>>;

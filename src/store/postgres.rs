@@ -12,7 +12,10 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use sqlx::Row;
 use tokio::sync::mpsc;
 
-use super::{check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+use super::{
+    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, StoreError,
+};
 
 /// Lease table in PostgreSQL (default name `rolegate_role_leases`).
 pub struct PostgresStore {
@@ -32,7 +35,9 @@ struct Statements {
 
 fn unavailable(e: sqlx::Error) -> StoreError {
     match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => StoreError::Schema(db.message().to_string()),
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => {
+            StoreError::Schema(db.message().to_string())
+        }
         _ => StoreError::Unavailable(e.to_string()),
     }
 }
@@ -160,7 +165,10 @@ impl LeaseStore for PostgresStore {
             // One simple-query message: PostgreSQL runs it as one implicit
             // transaction, so the advisory lock serializes concurrent migrations.
             let script = self.migration();
-            sqlx::raw_sql(&script).execute(&self.pool).await.map_err(unavailable)?;
+            sqlx::raw_sql(&script)
+                .execute(&self.pool)
+                .await
+                .map_err(unavailable)?;
             Ok(())
         }
         .boxed()
@@ -187,7 +195,10 @@ impl LeaseStore for PostgresStore {
         async move {
             check_claims(claims)?;
             let roles: Vec<&str> = claims.iter().map(|c| c.role.as_str()).collect();
-            let held: Vec<Option<i64>> = claims.iter().map(|c| c.held_token.map(|t| t as i64)).collect();
+            let held: Vec<Option<i64>> = claims
+                .iter()
+                .map(|c| c.held_token.map(|t| t as i64))
+                .collect();
             let durations: Vec<i64> = claims.iter().map(|c| millis(c.duration)).collect();
             let rows = sqlx::query(&self.sql.claim)
                 .bind(&roles)
@@ -225,12 +236,17 @@ impl LeaseStore for PostgresStore {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(unavailable)?;
-            rows.iter().map(|r| r.try_get("role").map_err(unavailable)).collect()
+            rows.iter()
+                .map(|r| r.try_get("role").map_err(unavailable))
+                .collect()
         }
         .boxed()
     }
 
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let query = if roles.is_empty() {
                 sqlx::query(&self.sql.snapshot_all)
@@ -256,7 +272,9 @@ impl LeaseStore for PostgresStore {
 
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
-            let mut listener = PgListener::connect_with(&self.pool).await.map_err(unavailable)?;
+            let mut listener = PgListener::connect_with(&self.pool)
+                .await
+                .map_err(unavailable)?;
             listener.listen(&self.channel).await.map_err(unavailable)?;
             let (tx, feed) = mpsc::channel(1);
             tokio::spawn(async move {

@@ -9,11 +9,16 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
 use sqlx::Row;
 use tokio::sync::mpsc;
 
-use super::{check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+use super::{
+    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, StoreError,
+};
 
 /// How often subscribers look at the generation counter.
 const POLL_EVERY: Duration = Duration::from_millis(20);
@@ -28,7 +33,9 @@ pub struct SqliteStore {
 
 fn unavailable(e: sqlx::Error) -> StoreError {
     match &e {
-        sqlx::Error::Database(db) if db.message().contains("no such table") => StoreError::Schema(db.message().to_string()),
+        sqlx::Error::Database(db) if db.message().contains("no such table") => {
+            StoreError::Schema(db.message().to_string())
+        }
         _ => StoreError::Unavailable(e.to_string()),
     }
 }
@@ -88,7 +95,10 @@ BEGIN
 END;
 "#
             );
-            sqlx::raw_sql(&script).execute(&self.pool).await.map_err(unavailable)?;
+            sqlx::raw_sql(&script)
+                .execute(&self.pool)
+                .await
+                .map_err(unavailable)?;
             Ok(())
         }
         .boxed()
@@ -98,7 +108,8 @@ END;
         async move {
             check_names(roles)?;
             let t = &self.table;
-            let json = serde_json::to_string(roles).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let json =
+                serde_json::to_string(roles).map_err(|e| StoreError::Unavailable(e.to_string()))?;
             sqlx::query(&format!(
                 "INSERT OR IGNORE INTO {t} (role) SELECT value FROM json_each(?1)"
             ))
@@ -194,7 +205,10 @@ RETURNING role"#
         .boxed()
     }
 
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let t = &self.table;
             let columns = format!(
@@ -235,9 +249,13 @@ RETURNING role"#
         async move {
             let sql = format!("SELECT generation FROM {}_changes WHERE id = 1", self.table);
             let read = |pool: SqlitePool, sql: String| async move {
-                sqlx::query_scalar::<_, i64>(&sql).fetch_optional(&pool).await
+                sqlx::query_scalar::<_, i64>(&sql)
+                    .fetch_optional(&pool)
+                    .await
             };
-            let mut seen = read(self.pool.clone(), sql.clone()).await.map_err(unavailable)?;
+            let mut seen = read(self.pool.clone(), sql.clone())
+                .await
+                .map_err(unavailable)?;
             let pool = self.pool.clone();
             let (tx, feed) = mpsc::channel(1);
             tokio::spawn(async move {

@@ -53,7 +53,12 @@ fn pg_bin_dir() -> PathBuf {
         return PathBuf::from(dir);
     }
     let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .map(|rd| rd.filter_map(|e| e.ok()).map(|e| e.path().join("bin")).filter(|p| p.join("initdb").exists()).collect())
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.path().join("bin"))
+                .filter(|p| p.join("initdb").exists())
+                .collect()
+        })
         .unwrap_or_default();
     found.sort();
     found.pop().unwrap_or_else(|| {
@@ -62,7 +67,11 @@ fn pg_bin_dir() -> PathBuf {
 }
 
 fn is_root() -> bool {
-    Command::new("id").arg("-u").output().map(|o| o.stdout.starts_with(b"0\n")).unwrap_or(false)
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0\n"))
+        .unwrap_or(false)
 }
 
 fn pg_command(bin: &Path, tool: &str) -> Command {
@@ -85,19 +94,40 @@ pub struct PrivatePostgres {
 impl PrivatePostgres {
     pub fn start() -> Self {
         let bin = pg_bin_dir();
-        let dir = std::env::temp_dir().join(format!("rolegate-pg-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "rolegate-pg-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
         std::fs::create_dir_all(&dir).expect("create pg dir");
         if is_root() {
-            let ok = Command::new("chown").args(["-R", "postgres:postgres"]).arg(&dir).status().map(|s| s.success());
-            assert_eq!(ok.ok(), Some(true), "chown of {} to postgres failed", dir.display());
+            let ok = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&dir)
+                .status()
+                .map(|s| s.success());
+            assert_eq!(
+                ok.ok(),
+                Some(true),
+                "chown of {} to postgres failed",
+                dir.display()
+            );
         }
         let out = pg_command(&bin, "initdb")
             .args(["-A", "trust", "-U", "postgres", "-D"])
             .arg(dir.join("data"))
             .output()
             .expect("run initdb");
-        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
-        let pg = Self { bin, dir, port: free_port() };
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pg = Self {
+            bin,
+            dir,
+            port: free_port(),
+        };
         pg.start_server();
         pg
     }
@@ -113,11 +143,18 @@ impl PrivatePostgres {
             .arg("-l")
             .arg(self.dir.join("data/server.log"))
             .arg("-o")
-            .arg(format!("-p {} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off", self.port))
+            .arg(format!(
+                "-p {} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off",
+                self.port
+            ))
             .args(["-w", "start"])
             .output()
             .expect("run pg_ctl start");
-        assert!(out.status.success(), "pg_ctl start failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pg_ctl start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Stops the server at once (`-m immediate`), as a crash or outage would.
@@ -128,7 +165,11 @@ impl PrivatePostgres {
             .args(["-m", "immediate", "-w", "stop"])
             .output()
             .expect("run pg_ctl stop");
-        assert!(out.status.success(), "pg_ctl stop failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "pg_ctl stop failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

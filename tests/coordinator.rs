@@ -1,0 +1,467 @@
+//! The coordinator's guarantees with short real timings (duration 900 ms,
+//! renew 200 ms, margin 200 ms) on real stores: no overlapping holders,
+//! increasing tokens, fast graceful handover, crash takeover within
+//! duration + renew interval, fail closed while PostgreSQL is down, and store
+//! work per tick that does not grow with the number of roles.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rolegate::lease::LeaseEvent;
+use rolegate::store::LeaseStore;
+use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
+
+const TIMINGS: LeaseTimings = LeaseTimings {
+    duration: Duration::from_millis(900),
+    renew_interval: Duration::from_millis(200),
+    safety_margin: Duration::from_millis(200),
+};
+
+/// Every Began/Ended event of every coordinator in a test.
+#[derive(Clone, Default)]
+struct EventLog(Arc<Mutex<Vec<LeaseEvent>>>);
+
+impl EventLog {
+    fn push(&self, e: LeaseEvent) {
+        self.0.lock().unwrap().push(e);
+    }
+
+    /// Closes the open intervals of an aborted coordinator at their deadlines.
+    fn close_aborted(&self, c: &Coordinator) {
+        let snap = c.snapshot();
+        for r in &snap.roles {
+            if let Some(until) = r.held_until {
+                self.push(LeaseEvent::Ended {
+                    instance: c.instance_id().into(),
+                    role: r.name.clone(),
+                    token: r.token,
+                    at: until,
+                });
+            }
+        }
+    }
+
+    /// Checks the one-holder promise; returns the number of terms seen.
+    fn check(&self) -> usize {
+        let events = self.0.lock().unwrap().clone();
+        // (instance, role, token) -> (start, end)
+        let mut open: HashMap<(Arc<str>, Arc<str>, u64), Instant> = HashMap::new();
+        let mut intervals: HashMap<Arc<str>, Vec<(Instant, Instant, u64, Arc<str>)>> =
+            HashMap::new();
+        for e in events {
+            match e {
+                LeaseEvent::Began {
+                    instance,
+                    role,
+                    token,
+                    at,
+                    ..
+                } => {
+                    assert!(
+                        open.insert((instance, role, token), at).is_none(),
+                        "term began twice"
+                    );
+                }
+                LeaseEvent::Ended {
+                    instance,
+                    role,
+                    token,
+                    at,
+                } => {
+                    let start = open
+                        .remove(&(instance.clone(), role.clone(), token))
+                        .unwrap_or_else(|| {
+                            panic!("{role} token {token} ended at {instance} without beginning")
+                        });
+                    intervals
+                        .entry(role)
+                        .or_default()
+                        .push((start, at, token, instance));
+                }
+            }
+        }
+        assert!(open.is_empty(), "intervals left open: {open:?}");
+        let mut terms = 0;
+        for (role, mut list) in intervals {
+            list.sort_by_key(|x| x.0);
+            terms += list.len();
+            for pair in list.windows(2) {
+                let (a, b) = (&pair[0], &pair[1]);
+                assert!(
+                    a.1 <= b.0,
+                    "role {role}: {} (token {}) held until {:?} after {} (token {}) began",
+                    a.3,
+                    a.2,
+                    a.1 - b.0,
+                    b.3,
+                    b.2
+                );
+                assert!(b.2 > a.2, "role {role}: token went from {} to {}", a.2, b.2);
+            }
+        }
+        terms
+    }
+}
+
+fn roles(n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("role-{i}")).collect()
+}
+
+fn start(store: &Arc<dyn LeaseStore>, names: &[String], log: &EventLog, n: usize) -> Coordinator {
+    let mut b = CoordinatorBuilder::new(store.clone())
+        .instance_name(format!("c{n}"))
+        .advertise(format!("http://127.0.0.1:{}", 20_000 + n));
+    for name in names {
+        b = b.role(name.clone(), TIMINGS);
+    }
+    let log = log.clone();
+    b.on_lease_event(move |e| log.push(e))
+        .start()
+        .expect("start coordinator")
+}
+
+fn holders(cs: &[Coordinator], role: &str) -> usize {
+    cs.iter()
+        .filter(|c| c.role(role).unwrap().is_held())
+        .count()
+}
+
+async fn memory() -> Arc<dyn LeaseStore> {
+    Arc::new(rolegate::store::MemoryStore::new())
+}
+
+async fn sqlite() -> Arc<dyn LeaseStore> {
+    let dir = std::env::temp_dir().join(format!("rolegate-coord-{}", support::unique_table("sq")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let s = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases")
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+async fn postgres_at(url: &str) -> Arc<dyn LeaseStore> {
+    let s = rolegate::store::PostgresStore::connect(url, &support::unique_table("coord"))
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+async fn postgres() -> Arc<dyn LeaseStore> {
+    postgres_at(&support::postgres_url()).await
+}
+
+/// Three coordinators share 20 roles while members stop gracefully, crash
+/// and restart; no two believed-held intervals of a role overlap and tokens
+/// increase across terms.
+async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
+    let names = roles(20);
+    let log = EventLog::default();
+    let mut cs: Vec<Coordinator> = (0..3).map(|n| start(&store, &names, &log, n)).collect();
+    support::wait_for("every role held by someone", Duration::from_secs(5), || {
+        names.iter().all(|r| holders(&cs, r) == 1)
+    })
+    .await;
+    let mut next_id = 3;
+    for round in 0..6 {
+        // Sample the invariant as a reader would, between churn steps.
+        for _ in 0..20 {
+            for r in &names {
+                assert!(holders(&cs, r) <= 1, "two holders of {r}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let victim = cs.remove(round % cs.len());
+        if round % 2 == 0 {
+            victim.shutdown().await;
+        } else {
+            victim.abort();
+            log.close_aborted(&victim);
+        }
+        cs.push(start(&store, &names, &log, next_id));
+        next_id += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    support::wait_for("every role held again", Duration::from_secs(5), || {
+        names.iter().all(|r| holders(&cs, r) == 1)
+    })
+    .await;
+    for c in &cs {
+        c.shutdown().await;
+    }
+    let terms = log.check();
+    assert!(
+        terms >= 40,
+        "expected churn to produce many terms, saw {terms}"
+    );
+}
+
+/// The holder stops gracefully: another instance holds the role well within
+/// one renew interval, woken by the store's notification, not its next poll.
+async fn graceful_stop_hands_over_within_one_renew_interval(store: Arc<dyn LeaseStore>) {
+    let names = roles(1);
+    let log = EventLog::default();
+    let a = start(&store, &names, &log, 0);
+    support::wait_for("a holds", Duration::from_secs(3), || {
+        a.role("role-0").unwrap().is_held()
+    })
+    .await;
+    let b = start(&store, &names, &log, 1);
+    support::wait_for("b has a snapshot", Duration::from_secs(3), || b.is_ready()).await;
+    // Let b settle into waiting for the observed expiry, far in the future.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t0 = Instant::now();
+    a.shutdown().await;
+    support::wait_for("b takes over", Duration::from_secs(3), || {
+        b.role("role-0").unwrap().is_held()
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took < TIMINGS.renew_interval,
+        "handover took {took:?}, more than one renew interval"
+    );
+    b.shutdown().await;
+    log.check();
+}
+
+/// The holder dies without releasing: another instance takes over within
+/// duration + renew interval of the crash.
+async fn crashed_holder_is_replaced_within_duration_plus_renew(store: Arc<dyn LeaseStore>) {
+    let names = roles(3);
+    let log = EventLog::default();
+    let a = start(&store, &names, &log, 0);
+    support::wait_for("a holds all", Duration::from_secs(3), || {
+        names.iter().all(|r| a.role(r).unwrap().is_held())
+    })
+    .await;
+    let b = start(&store, &names, &log, 1);
+    support::wait_for("b ready", Duration::from_secs(3), || b.is_ready()).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let t0 = Instant::now();
+    a.abort();
+    log.close_aborted(&a);
+    support::wait_for("b holds all", Duration::from_secs(5), || {
+        names.iter().all(|r| b.role(r).unwrap().is_held())
+    })
+    .await;
+    let took = t0.elapsed();
+    assert!(
+        took <= TIMINGS.duration + TIMINGS.renew_interval,
+        "crash takeover took {took:?} > duration + renew interval"
+    );
+    assert!(
+        took >= TIMINGS.duration - TIMINGS.renew_interval - TIMINGS.safety_margin,
+        "takeover before expiry? {took:?}"
+    );
+    b.shutdown().await;
+    log.check();
+}
+
+/// Round trips per tick do not grow with roles: 1 role and 256 partition roles
+/// cost the same store calls per tick.
+async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>) {
+    async fn calls_per_tick(store: &Arc<dyn LeaseStore>, partitions: Option<u32>) -> u64 {
+        let mut b = CoordinatorBuilder::new(store.clone()).advertise("http://127.0.0.1:1");
+        b = match partitions {
+            None => b.role(support::unique_table("solo"), TIMINGS),
+            Some(n) => b.partition(support::unique_table("part"), n, TIMINGS),
+        };
+        let c = b.start().unwrap();
+        let n = c.role_names().len();
+        support::wait_for("all held", Duration::from_secs(5), || {
+            c.snapshot()
+                .roles
+                .iter()
+                .filter(|r| r.held_now(Instant::now()))
+                .count()
+                == n
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        let stats = c.stats();
+        c.shutdown().await;
+        assert!(
+            stats.ticks >= 5,
+            "expected several ticks, saw {}",
+            stats.ticks
+        );
+        stats.max_calls_per_tick
+    }
+    let one = calls_per_tick(&store, None).await;
+    let many = calls_per_tick(&store, Some(256)).await;
+    assert_eq!(one, 2, "one snapshot read and one claim per tick");
+    assert_eq!(
+        many, one,
+        "256 roles cost the same round trips per tick as 1"
+    );
+}
+
+macro_rules! coordinator_suite {
+    ($backend:ident, $make:expr) => {
+        mod $backend {
+            use super::*;
+            coordinator_suite!(@tests $make;
+                holders_never_overlap_under_churn,
+                graceful_stop_hands_over_within_one_renew_interval,
+                crashed_holder_is_replaced_within_duration_plus_renew,
+                store_calls_per_tick_do_not_grow_with_roles
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                super::$name($make.await).await;
+            }
+        )*
+    };
+}
+
+coordinator_suite!(memory, memory());
+coordinator_suite!(sqlite, sqlite());
+coordinator_suite!(postgres, postgres());
+
+/// PostgreSQL stops: every instance reports not-held within duration - margin,
+/// keeps running and retrying; when PostgreSQL returns, roles are held again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_fails_closed_then_recovers() {
+    let pg = support::PrivatePostgres::start();
+    let store = postgres_at(&pg.url()).await;
+    let names = roles(20);
+    let log = EventLog::default();
+    let cs: Vec<Coordinator> = (0..3).map(|n| start(&store, &names, &log, n)).collect();
+    support::wait_for("all roles held", Duration::from_secs(5), || {
+        names.iter().all(|r| holders(&cs, r) == 1)
+    })
+    .await;
+
+    let t0 = Instant::now();
+    pg.stop_server();
+    let stopped_after = t0.elapsed();
+    let bound = TIMINGS.duration - TIMINGS.safety_margin;
+    let took = support::wait_for("no instance holds anything", Duration::from_secs(3), || {
+        names.iter().all(|r| holders(&cs, r) == 0)
+    })
+    .await;
+    // Measured from the moment the stop began; the last successful send was earlier.
+    assert!(
+        took + stopped_after <= bound + Duration::from_millis(50),
+        "fail-closed took {:?}, bound {bound:?}",
+        took + stopped_after
+    );
+    // Keep running through the outage.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for c in &cs {
+        assert!(!c.is_ready(), "readiness follows the store");
+    }
+    for r in &names {
+        assert_eq!(holders(&cs, r), 0);
+    }
+
+    pg.start_server();
+    support::wait_for(
+        "roles held again after PostgreSQL returns",
+        Duration::from_secs(15),
+        || names.iter().all(|r| holders(&cs, r) == 1),
+    )
+    .await;
+    assert!(cs.iter().all(|c| c.is_ready()));
+    for c in &cs {
+        c.shutdown().await;
+    }
+    log.check();
+}
+
+/// Roles released by a non-candidate are taken by another; it contends again later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_candidate_releases_and_contends_again() {
+    let store = memory().await;
+    let names = roles(4);
+    let log = EventLog::default();
+    let a = start(&store, &names, &log, 0);
+    support::wait_for("a holds", Duration::from_secs(3), || {
+        names.iter().all(|r| a.role(r).unwrap().is_held())
+    })
+    .await;
+    let b = start(&store, &names, &log, 1);
+    support::wait_for("b ready", Duration::from_secs(3), || b.is_ready()).await;
+    a.set_candidate(false);
+    support::wait_for("b takes all", Duration::from_secs(1), || {
+        names.iter().all(|r| b.role(r).unwrap().is_held())
+    })
+    .await;
+    a.set_candidate(true);
+    b.shutdown().await;
+    support::wait_for("a takes all back", Duration::from_secs(1), || {
+        names.iter().all(|r| a.role(r).unwrap().is_held())
+    })
+    .await;
+    a.shutdown().await;
+    log.check();
+}
+
+/// Partition resolution reads the snapshot: the holder's address, held here or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_resolution_follows_holders() {
+    let store = memory().await;
+    let a = CoordinatorBuilder::new(store.clone())
+        .advertise("http://a:1")
+        .partition("devices", 8, TIMINGS)
+        .start()
+        .unwrap();
+    let p = a.partition("devices").unwrap();
+    support::wait_for("a holds all", Duration::from_secs(3), || {
+        (0..8).all(|i| p.resolve_index(i).held)
+    })
+    .await;
+    let b = CoordinatorBuilder::new(store.clone())
+        .advertise("http://b:1")
+        .partition("devices", 8, TIMINGS)
+        .start()
+        .unwrap();
+    let pb = b.partition("devices").unwrap();
+    support::wait_for("b sees a", Duration::from_secs(3), || b.is_ready()).await;
+    let r = pb.resolve("device-42");
+    assert_eq!(&*r.role, "devices:partition-1");
+    assert!(!r.held);
+    assert_eq!(r.holder_address.as_deref(), Some("http://a:1"));
+    let ra = p.resolve_scoped("Order", "7");
+    assert_eq!(
+        ra.index,
+        rolegate::lease::partition_index(Some("Order"), "7", 8)
+    );
+    assert!(ra.held && ra.token.is_some());
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_registrations_are_refused() {
+    let store = memory().await;
+    let err = CoordinatorBuilder::new(store.clone())
+        .role("r".repeat(129), TIMINGS)
+        .start()
+        .unwrap_err();
+    assert!(err.to_string().contains("128"), "{err}");
+    let err = CoordinatorBuilder::new(store.clone())
+        .role("p:partition-0", TIMINGS)
+        .partition("p", 2, TIMINGS)
+        .start()
+        .unwrap_err();
+    assert!(err.to_string().contains("twice"), "{err}");
+    let bad = LeaseTimings {
+        duration: Duration::from_millis(300),
+        ..TIMINGS
+    };
+    assert!(CoordinatorBuilder::new(store)
+        .role("x", bad)
+        .start()
+        .is_err());
+}
