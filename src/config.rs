@@ -784,24 +784,25 @@ impl Resolver<'_> {
                 table: DEFAULT_TABLE.into(),
             });
         };
-        let kind =
-            match &raw.kind {
-                None => StoreKind::Sqlite,
-                Some(t) => match self.text(t, "store.kind")?.as_str() {
-                    "memory" => StoreKind::Memory,
-                    "sqlite" => StoreKind::Sqlite,
-                    "postgres" | "postgresql" => StoreKind::Postgres,
-                    "redis" => StoreKind::Redis,
-                    "etcd" => StoreKind::Etcd,
-                    other => return Err(self.err(
+        let kind = match &raw.kind {
+            None => StoreKind::Sqlite,
+            Some(t) => match self.text(t, "store.kind")?.as_str() {
+                "memory" => StoreKind::Memory,
+                "sqlite" => StoreKind::Sqlite,
+                "postgres" | "postgresql" => StoreKind::Postgres,
+                "redis" => StoreKind::Redis,
+                "etcd" => StoreKind::Etcd,
+                other => {
+                    return Err(self.err(
                         Some(&t.referenced),
                         "store.kind",
                         format!(
                             "unknown store `{other}`; use sqlite, postgres, redis, etcd or memory"
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         let url = match &raw.url {
             Some(t) => self.text(t, "store.url")?,
             None => match kind {

@@ -1,10 +1,382 @@
-//! The binary's wiring: config → store → coordinator → listeners.
+//! The binary's wiring: config → store → coordinator → the public listener
+//! (every request of this app instance passes through it) and the admin
+//! listener. Requests for held roles and all non-role paths go to the local
+//! upstream; others are forwarded one hop to the holder's gateway.
 
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
 
+use axum::body::Body;
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+use crate::cli::{EXIT_CONFIG, EXIT_RUNTIME};
+use crate::config::{Config, RouteTarget};
+use crate::lease::{Coordinator, CoordinatorBuilder};
+use crate::proxy::forward::prepare_headers;
+use crate::proxy::gate::{Decision, GateSettings, GateTarget, Outcome};
+use crate::proxy::headers::{strip_rolegate, ROLE, TOKEN};
+use crate::proxy::hop::HopSigner;
+use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::routes::RouteTable;
+use crate::proxy::{ForwardError, Forwarder, KeyExtractor};
+
+/// Largest request head (request line + headers) accepted; larger gets 431.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Everything a request needs, shared by all connections.
+pub struct GatewayState {
+    routes: RouteTable<GateTarget>,
+    settings: GateSettings,
+    upstream: String,
+    pub coordinator: Coordinator,
+}
+
+impl GatewayState {
+    /// Builds the route table from the config against a started coordinator.
+    pub fn new(
+        config: &Config,
+        coordinator: Coordinator,
+        forwarder: Forwarder,
+    ) -> Result<Self, String> {
+        let mut routes = RouteTable::default();
+        for r in &config.routes {
+            let target = match &r.target {
+                RouteTarget::Role(name) => GateTarget::Role(
+                    coordinator
+                        .role(name)
+                        .ok_or_else(|| format!("role `{name}` is not registered"))?,
+                ),
+                RouteTarget::Partition { name, scope, key } => GateTarget::Partition {
+                    partition: coordinator
+                        .partition(name)
+                        .ok_or_else(|| format!("partition `{name}` is not registered"))?,
+                    scope: scope.as_deref().map(Arc::from),
+                    key: KeyExtractor::from_source(key),
+                },
+            };
+            routes.add(&r.prefixes, target);
+        }
+        let upstream = config
+            .upstream
+            .as_ref()
+            .map(|u| u.url.clone())
+            .ok_or_else(|| "upstream.url is required to run the gateway".to_string())?;
+        Ok(Self {
+            routes,
+            settings: GateSettings {
+                instance_id: coordinator.instance_id().into(),
+                signer: HopSigner::new(config.proxy.cluster_secret.as_deref()),
+                retry_after_secs: config.retry_after_secs(),
+                forwarder,
+            },
+            upstream,
+            coordinator,
+        })
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
+        let mut req = req.map(Body::new);
+        if !req.uri().path().starts_with('/') {
+            return self
+                .settings
+                .reject(Problem::new(
+                    Reason::BadRequest,
+                    "the request target must be a path starting with /",
+                ))
+                .0;
+        }
+        let Some(target) = self.routes.find(req.uri().path()) else {
+            return self.to_upstream(req, client, None).await.0;
+        };
+        let forwarded = self.settings.take_hop(&mut req);
+        let (resp, outcome) = match target.decide(req.uri(), req.headers(), forwarded) {
+            Decision::Local(lease) => {
+                self.to_upstream(req, client, Some((lease.role, lease.token)))
+                    .await
+            }
+            Decision::Forward { address, role } => {
+                self.settings
+                    .forward_to_holder(req, Some(client), &address, role, target.partition_label())
+                    .await
+            }
+            Decision::Reject(p) => self.settings.reject(p),
+        };
+        tracing::debug!(
+            ?outcome,
+            status = resp.status().as_u16(),
+            "role route answered"
+        );
+        resp
+    }
+
+    async fn to_upstream(
+        &self,
+        mut req: Request<Body>,
+        client: SocketAddr,
+        lease: Option<(Arc<str>, u64)>,
+    ) -> (Response<Body>, Outcome) {
+        strip_rolegate(req.headers_mut());
+        prepare_headers(&mut req, Some(client), &self.settings.instance_id);
+        let outcome = match &lease {
+            Some((role, token)) => {
+                if let Ok(v) = http::HeaderValue::from_str(role) {
+                    req.headers_mut().insert(ROLE, v);
+                }
+                req.headers_mut()
+                    .insert(TOKEN, http::HeaderValue::from(*token));
+                Outcome::Local
+            }
+            None => Outcome::Passthrough,
+        };
+        match self.settings.forwarder.proxy(req, &self.upstream).await {
+            Ok(resp) => (resp, outcome),
+            Err(e) => {
+                let reason = match e {
+                    ForwardError::Timeout(..) => Reason::UpstreamTimeout,
+                    _ => Reason::UpstreamUnreachable,
+                };
+                tracing::warn!(upstream = %self.upstream, error = %e, "upstream request failed");
+                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream))
+                    .role(lease.map(|(r, _)| r));
+                self.settings.reject(p)
+            }
+        }
+    }
+}
+
+/// Open connections, so shutdown can wait for them to finish.
+#[derive(Clone)]
+pub struct ConnectionTracker {
+    active: Arc<AtomicUsize>,
+    idle: Arc<Notify>,
+    stop: watch::Sender<bool>,
+}
+
+impl Default for ConnectionTracker {
+    fn default() -> Self {
+        Self {
+            active: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new(Notify::new()),
+            stop: watch::channel(false).0,
+        }
+    }
+}
+
+impl ConnectionTracker {
+    /// Asks every connection to finish its in-flight request and close.
+    pub fn begin_shutdown(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Waits until no connection is open, or `limit` passes. True if all closed.
+    pub async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            if self.active.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.active.load(Ordering::Acquire) == 0;
+            }
+        }
+    }
+
+    pub fn open(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+/// Accepts connections until the tracker's shutdown begins.
+pub async fn serve(listener: TcpListener, state: Arc<GatewayState>, tracker: ConnectionTracker) {
+    let mut stop = tracker.stop.subscribe();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped(&mut stop) => return,
+        };
+        let (stream, client) = match accepted {
+            Ok(pair) => pair,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, never exit.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let tracker = tracker.clone();
+        tracker.active.fetch_add(1, Ordering::AcqRel);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(state.handle(req, client).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30))
+                .max_buf_size(MAX_HEAD_BYTES)
+                .serve_connection(TokioIo::new(stream), service)
+                .with_upgrades();
+            tokio::pin!(conn);
+            let mut stop = tracker.stop.subscribe();
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%client, error = %e, "connection ended with an error");
+            }
+            if tracker.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+                tracker.idle.notify_waiters();
+            }
+        });
+    }
+}
+
+/// `rolegate run`: runs until SIGTERM/SIGINT, then drains and releases.
 pub async fn run(path: &Path) -> ExitCode {
-    let _ = path;
-    eprintln!("error: run is not wired yet");
-    ExitCode::from(crate::cli::EXIT_RUNTIME)
+    let config = match crate::cli::load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if config.upstream.is_none() {
+        eprintln!(
+            "error: {}: upstream.url is required to run the gateway",
+            path.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    match run_config(config).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+async fn run_config(config: Config) -> Result<(), String> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {} (admin): {e}", config.admin_listen))?;
+    let bound = listener.local_addr().map_err(|e| e.to_string())?;
+    let advertise = crate::identity::advertise_address(config.instance.advertise.as_deref(), bound);
+
+    let mut store_config = config.store.clone();
+    store_config.migrate = false;
+    let store = crate::store::open(&store_config)
+        .await
+        .map_err(|e| e.to_string())?;
+    if config.store.migrate {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(200);
+            loop {
+                match store.migrate().await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "applying the store schema failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+    }
+    let coordinator = CoordinatorBuilder::from_config(&config, store)
+        .advertise(advertise.clone())
+        .start()
+        .map_err(|e| e.to_string())?;
+    let forwarder = Forwarder::new(
+        config.proxy.connect_timeout,
+        config.proxy.response_header_timeout,
+    )
+    .map_err(|e| e.to_string())?;
+    let state = Arc::new(GatewayState::new(&config, coordinator.clone(), forwarder)?);
+    tracing::info!(
+        instance = coordinator.instance_id(),
+        listen = %bound,
+        admin = %admin.local_addr().map_err(|e| e.to_string())?,
+        advertise = %advertise,
+        store = coordinator.store_kind(),
+        roles = coordinator.role_names().len(),
+        "rolegate gateway started"
+    );
+
+    let tracker = ConnectionTracker::default();
+    let admin_stop = watch::channel(false);
+    let admin_task = tokio::spawn(crate::admin::serve(
+        admin,
+        coordinator.clone(),
+        admin_stop.1,
+    ));
+    let server = tokio::spawn(serve(listener, state, tracker.clone()));
+
+    shutdown_signal().await;
+    tracing::info!(drain_timeout = ?config.shutdown.drain_timeout, "stopping: no new local work, draining in-flight requests");
+    // A second signal exits at once.
+    tokio::spawn(async {
+        shutdown_signal().await;
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(1);
+    });
+    coordinator.begin_drain();
+    tracker.begin_shutdown();
+    let _ = server.await;
+    if !tracker.wait_idle(config.shutdown.drain_timeout).await {
+        tracing::warn!(
+            open = tracker.open(),
+            "drain timeout reached; closing remaining connections"
+        );
+    }
+    coordinator.shutdown().await;
+    let _ = admin_stop.0.send(true);
+    let _ = admin_task.await;
+    tracing::info!("stopped; leases released");
+    Ok(())
+}
+
+/// Resolves once the flag turns true (the guard is dropped before returning).
+async fn stopped(rx: &mut watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

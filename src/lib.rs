@@ -1,6 +1,7 @@
 #![forbid(unsafe_code)]
 #![doc = include_str!("../docs/library.md")]
 
+pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod gateway;

@@ -540,11 +540,13 @@ fn holder_of(shared: &Shared, state: &RoleState) -> Option<HolderInfo> {
             here: true,
         });
     }
+    // A live record naming this instance without a local term (abandoned,
+    // late) is reported as here, so callers never forward to themselves.
     state.live_holder(now).map(|(id, address)| HolderInfo {
         id: id.clone(),
         address: address.clone(),
         token: state.token,
-        here: false,
+        here: **id == *shared.instance_id,
     })
 }
 
@@ -580,15 +582,15 @@ impl RolePartition {
         let idx = self.first + index.min(self.count - 1) as usize;
         let snap = self.shared.snapshot.load();
         let state = &snap.roles[idx];
-        let holder = holder_of(&self.shared, state);
         let draining = self.shared.draining.load(Ordering::Acquire);
-        let held = !draining && holder.as_ref().is_some_and(|h| h.here);
+        let held = !draining && state.held_now(Instant::now());
+        let holder = holder_of(&self.shared, state);
         PartitionResolution {
             role: state.name.clone(),
             index,
             held,
             token: held.then_some(state.token),
-            holder_address: holder.map(|h| h.address),
+            holder_address: holder.filter(|h| held || !h.here).map(|h| h.address),
         }
     }
 

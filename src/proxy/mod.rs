@@ -1,4 +1,17 @@
-//! The proxy: route table and keys, the holder decision, forwarding and the
-//! tower layers.
+//! The proxy: route table and keys, the holder decision, forwarding, header
+//! rules, problem answers and the tower layers.
 
+pub mod forward;
+pub mod gate;
+pub mod headers;
+pub mod hop;
+pub mod keys;
+pub mod layer;
+pub mod problem;
 pub mod routes;
+
+pub use forward::{ForwardError, Forwarder};
+pub use gate::{Decision, GateSettings, GateTarget, Outcome};
+pub use keys::KeyExtractor;
+pub use layer::{HolderService, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
+pub use problem::{Problem, Reason};

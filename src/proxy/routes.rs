@@ -67,3 +67,65 @@ mod tests {
         assert_eq!(normalize_prefix("/"), "/");
     }
 }
+
+/// Prefix table: the longest matching prefix wins.
+#[derive(Debug, Clone)]
+pub struct RouteTable<T> {
+    /// (prefix, index into targets), longest prefix first.
+    entries: Vec<(String, usize)>,
+    targets: Vec<T>,
+}
+
+impl<T> Default for RouteTable<T> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            targets: Vec::new(),
+        }
+    }
+}
+
+impl<T> RouteTable<T> {
+    /// Adds a target reachable under each of `prefixes`.
+    pub fn add(&mut self, prefixes: &[String], target: T) {
+        let idx = self.targets.len();
+        self.targets.push(target);
+        for p in prefixes {
+            self.entries.push((normalize_prefix(p), idx));
+        }
+        self.entries
+            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.targets.is_empty()
+    }
+
+    /// The target whose prefix is the longest match of the raw `path`.
+    pub fn find(&self, path: &str) -> Option<&T> {
+        self.entries
+            .iter()
+            .find(|(prefix, _)| prefix_matches(prefix, path))
+            .map(|(_, i)| &self.targets[*i])
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    use super::*;
+
+    #[test]
+    fn longest_prefix_wins_on_segment_boundaries() {
+        let mut t = RouteTable::default();
+        t.add(&["/a".into()], "a");
+        t.add(&["/a/b".into(), "/c/".into()], "ab");
+        assert_eq!(t.find("/a/x"), Some(&"a"));
+        assert_eq!(t.find("/a/b"), Some(&"ab"));
+        assert_eq!(t.find("/a/b/c"), Some(&"ab"));
+        assert_eq!(t.find("/a/bc"), Some(&"a"));
+        assert_eq!(t.find("/c"), Some(&"ab"));
+        assert_eq!(t.find("/ab"), None);
+        assert_eq!(t.find("/a/%2e%2e/x"), Some(&"a"), "nothing is decoded");
+        assert_eq!(t.find("/x/../a/b"), None, "dot segments are not resolved");
+    }
+}

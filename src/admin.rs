@@ -1,0 +1,201 @@
+//! The admin listener: `/healthz`, `/readyz`, `/leases` (JSON), `/metrics`
+//! and `/` (an HTML status page that refreshes itself).
+
+use std::time::Instant;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::lease::Coordinator;
+
+#[derive(Serialize)]
+pub struct LeasesView {
+    pub instance: InstanceView,
+    pub roles: Vec<RoleView>,
+}
+
+#[derive(Serialize)]
+pub struct InstanceView {
+    pub id: String,
+    pub address: String,
+    pub candidate: bool,
+    pub store: &'static str,
+    pub ready: bool,
+    pub draining: bool,
+}
+
+#[derive(Serialize)]
+pub struct RoleView {
+    pub role: String,
+    pub held_here: bool,
+    pub token: u64,
+    pub holder: Option<String>,
+    pub holder_address: Option<String>,
+    pub valid_for_ms: u64,
+}
+
+/// The `/leases` document (SPEC 7).
+pub fn leases_view(c: &Coordinator) -> LeasesView {
+    let snap = c.snapshot();
+    let now = Instant::now();
+    let draining = c.is_draining();
+    LeasesView {
+        instance: InstanceView {
+            id: c.instance_id().to_string(),
+            address: c.advertise_address().to_string(),
+            candidate: c.is_candidate(),
+            store: c.store_kind(),
+            ready: snap.loaded && snap.store_ok,
+            draining,
+        },
+        roles: snap
+            .roles
+            .iter()
+            .map(|r| {
+                let held_here = !draining && r.held_now(now);
+                let (holder, address, valid_for) = if held_here {
+                    (
+                        Some(c.instance_id().to_string()),
+                        Some(c.advertise_address().to_string()),
+                        r.held_until
+                            .map(|d| d.saturating_duration_since(now))
+                            .unwrap_or_default(),
+                    )
+                } else {
+                    match (&r.holder, &r.holder_address, r.holder_valid_until) {
+                        (Some(h), Some(a), Some(until)) if until > now => {
+                            (Some(h.to_string()), Some(a.to_string()), until - now)
+                        }
+                        _ => (None, None, std::time::Duration::ZERO),
+                    }
+                };
+                RoleView {
+                    role: r.name.to_string(),
+                    held_here,
+                    token: r.token,
+                    holder,
+                    holder_address: address,
+                    valid_for_ms: valid_for.as_millis() as u64,
+                }
+            })
+            .collect(),
+    }
+}
+
+pub fn router(coordinator: Coordinator) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/leases", get(leases))
+        .route("/", get(status_page))
+        .with_state(coordinator)
+}
+
+async fn readyz(State(c): State<Coordinator>) -> Response {
+    if c.is_ready() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        let snap = c.snapshot();
+        let why = if !snap.loaded {
+            "not ready: no snapshot from the store yet\n"
+        } else {
+            "not ready: the lease store is unreachable\n"
+        };
+        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    }
+}
+
+async fn leases(State(c): State<Coordinator>) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        serde_json::to_string(&leases_view(&c)).unwrap_or_default(),
+    )
+        .into_response()
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+async fn status_page(State(c): State<Coordinator>) -> Html<String> {
+    let v = leases_view(&c);
+    let mut rows = String::new();
+    for r in &v.roles {
+        rows.push_str(&format!(
+            "<tr class=\"{cls}\"><td>{role}</td><td>{here}</td><td>{holder}</td><td>{addr}</td><td>{token}</td><td>{left}</td></tr>\n",
+            cls = if r.held_here { "here" } else if r.holder.is_some() { "other" } else { "none" },
+            role = escape(&r.role),
+            here = if r.held_here { "yes" } else { "" },
+            holder = escape(r.holder.as_deref().unwrap_or("—")),
+            addr = escape(r.holder_address.as_deref().unwrap_or("—")),
+            token = r.token,
+            left = if r.valid_for_ms > 0 { format!("{:.1} s", r.valid_for_ms as f64 / 1000.0) } else { "—".into() },
+        ));
+    }
+    let held = v.roles.iter().filter(|r| r.held_here).count();
+    Html(format!(
+        r#"<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="refresh" content="1">
+<title>rolegate · {id}</title>
+<style>
+body{{font-family:system-ui,sans-serif;margin:1rem;color:#222}}
+table{{border-collapse:collapse;width:100%;font-size:.9rem}}
+th,td{{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #ddd;word-break:break-all}}
+tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
+.meta{{color:#555;margin-bottom:1rem}}
+</style></head><body>
+<h1>rolegate</h1>
+<div class="meta">instance <b>{id}</b> · {addr} · store {store} · {ready} · candidate: {cand}{drain} · holds {held} of {total} roles</div>
+<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th></tr></thead>
+<tbody>
+{rows}</tbody></table>
+</body></html>
+"#,
+        id = escape(&v.instance.id),
+        addr = escape(&v.instance.address),
+        store = v.instance.store,
+        ready = if v.instance.ready {
+            "ready"
+        } else {
+            "<b>NOT READY</b>"
+        },
+        cand = if v.instance.candidate { "yes" } else { "no" },
+        drain = if v.instance.draining {
+            " · draining"
+        } else {
+            ""
+        },
+        total = v.roles.len(),
+    ))
+}
+
+/// Serves the admin router until `stop` turns true.
+pub async fn serve(
+    listener: TcpListener,
+    coordinator: Coordinator,
+    mut stop: watch::Receiver<bool>,
+) {
+    let app = router(coordinator);
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            let _ = stop.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "admin listener failed");
+    }
+}

@@ -1,0 +1,206 @@
+//! The holder decision of SPEC 6.2, shared by the gateway and the tower
+//! layers: missing key → 400; held here → local; already forwarded → 503;
+//! holder unknown or this instance → 503; else forward one hop.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{HeaderMap, HeaderValue, Request, Response, Uri};
+
+use super::forward::{prepare_headers, ForwardError, Forwarder};
+use super::headers::{strip_rolegate, HOP};
+use super::hop::HopSigner;
+use super::keys::KeyExtractor;
+use super::problem::{Problem, Reason};
+use crate::lease::{HeldLease, RoleLease, RolePartition};
+
+/// What a route is gated by.
+#[derive(Clone)]
+pub enum GateTarget {
+    Role(RoleLease),
+    Partition {
+        partition: RolePartition,
+        scope: Option<Arc<str>>,
+        key: KeyExtractor,
+    },
+}
+
+/// The outcome of the decision for one request.
+#[derive(Debug)]
+pub enum Decision {
+    Local(HeldLease),
+    Forward { address: Arc<str>, role: Arc<str> },
+    Reject(Problem),
+}
+
+impl GateTarget {
+    fn partition_name(&self) -> Option<Arc<str>> {
+        match self {
+            GateTarget::Role(_) => None,
+            GateTarget::Partition { partition, .. } => Some(partition.name().clone()),
+        }
+    }
+
+    /// Decides from the local snapshot only; no I/O.
+    pub fn decide(&self, uri: &Uri, headers: &HeaderMap, forwarded: bool) -> Decision {
+        let (role, held, holder) = match self {
+            GateTarget::Role(lease) => {
+                if let Some(guard) = lease.guard() {
+                    return Decision::Local(guard);
+                }
+                let holder = lease
+                    .current_holder()
+                    .filter(|h| !h.here)
+                    .map(|h| h.address);
+                (lease.name().clone(), None, holder)
+            }
+            GateTarget::Partition {
+                partition,
+                scope,
+                key,
+            } => {
+                let Some(k) = key.extract(uri, headers) else {
+                    return Decision::Reject(
+                        Problem::new(
+                            Reason::MissingKey,
+                            format!("partition `{}` needs a key ({key:?})", partition.name()),
+                        )
+                        .partition(Some(partition.name().clone())),
+                    );
+                };
+                let r = match scope {
+                    Some(s) => partition.resolve_scoped(s, &k),
+                    None => partition.resolve(&k),
+                };
+                let held = r.token.filter(|_| r.held);
+                (r.role, held, r.holder_address)
+            }
+        };
+        if let Some(token) = held {
+            return Decision::Local(HeldLease { role, token });
+        }
+        let problem = |reason, detail: String| {
+            Decision::Reject(
+                Problem::new(reason, detail)
+                    .role(Some(role.clone()))
+                    .partition(self.partition_name()),
+            )
+        };
+        if forwarded {
+            return problem(
+                Reason::AlreadyForwarded,
+                format!(
+                    "role `{role}` is not held here and the request was already forwarded once"
+                ),
+            );
+        }
+        match holder {
+            Some(address) => Decision::Forward { address, role },
+            None => problem(
+                Reason::HolderUnknown,
+                format!("role `{role}` has no live holder right now"),
+            ),
+        }
+    }
+}
+
+/// How a request ended, for metrics and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Local,
+    Forwarded,
+    Passthrough,
+    Rejected(Reason),
+}
+
+/// Per-process settings shared by every gated request.
+#[derive(Clone)]
+pub struct GateSettings {
+    pub instance_id: Arc<str>,
+    pub signer: HopSigner,
+    pub retry_after_secs: u64,
+    pub forwarder: Forwarder,
+}
+
+impl GateSettings {
+    /// Whether the request carries a hop marker that counts; a marker that
+    /// does not verify is removed, and the request is treated as fresh.
+    pub fn take_hop(&self, req: &mut Request<Body>) -> bool {
+        let Some(value) = req.headers().get(HOP) else {
+            return false;
+        };
+        let path = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let ok = self.signer.verify(value, req.method().as_str(), path);
+        if !ok {
+            tracing::debug!("dropping a hop marker that does not verify");
+            req.headers_mut().remove(HOP);
+        }
+        ok
+    }
+
+    /// Forwards one hop to the holder's gateway; failures become 503s.
+    pub async fn forward_to_holder(
+        &self,
+        mut req: Request<Body>,
+        client: Option<SocketAddr>,
+        address: &str,
+        role: Arc<str>,
+        partition: Option<Arc<str>>,
+    ) -> (Response<Body>, Outcome) {
+        strip_rolegate(req.headers_mut());
+        prepare_headers(&mut req, client, &self.instance_id);
+        let path = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_owned();
+        if let Some(marker) = self
+            .signer
+            .marker(&self.instance_id, req.method().as_str(), &path)
+        {
+            req.headers_mut().insert(HOP, marker);
+        }
+        match self.forwarder.proxy(req, address).await {
+            Ok(resp) => (resp, Outcome::Forwarded),
+            Err(e) => {
+                let reason = match e {
+                    ForwardError::Timeout(..) => Reason::HolderTimeout,
+                    _ => Reason::HolderUnreachable,
+                };
+                tracing::warn!(%role, holder = address, error = %e, "forwarding to the role holder failed");
+                let p = Problem::new(reason, format!("role `{role}` holder at {address}: {e}"))
+                    .role(Some(role))
+                    .partition(partition);
+                (
+                    p.into_response(self.retry_after_secs),
+                    Outcome::Rejected(reason),
+                )
+            }
+        }
+    }
+
+    pub fn reject(&self, p: Problem) -> (Response<Body>, Outcome) {
+        let reason = p.reason;
+        (
+            p.into_response(self.retry_after_secs),
+            Outcome::Rejected(reason),
+        )
+    }
+}
+
+/// Sets the token header value.
+pub fn token_value(token: u64) -> HeaderValue {
+    HeaderValue::from(token)
+}
+
+impl GateTarget {
+    pub fn partition_label(&self) -> Option<Arc<str>> {
+        self.partition_name()
+    }
+}

@@ -1,0 +1,236 @@
+//! Header rules of SPEC 6.3: hop-by-hop fields stripped both ways (including
+//! every field `Connection` names), forwarding headers appended, client-sent
+//! `X-Rolegate-*` removed at the edge.
+
+use std::net::SocketAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+pub const ROLE: HeaderName = HeaderName::from_static("x-rolegate-role");
+pub const TOKEN: HeaderName = HeaderName::from_static("x-rolegate-token");
+pub const HOP: HeaderName = HeaderName::from_static("x-rolegate-hop");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// Whether a request asks for a protocol upgrade (WebSocket and friends).
+pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
+}
+
+fn connection_has(headers: &HeaderMap, token: &str) -> bool {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case(token))
+}
+
+/// Removes hop-by-hop fields. With `keep_upgrade`, `Upgrade` and
+/// `Connection: upgrade` survive so the next hop can switch protocols.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    let upgrade = keep_upgrade
+        .then(|| headers.get(header::UPGRADE).cloned())
+        .flatten();
+    let te_trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    for name in named {
+        if name != header::UPGRADE || upgrade.is_none() {
+            headers.remove(&name);
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TRAILER,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(&name);
+    }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+    if let Some(up) = upgrade {
+        headers.insert(header::UPGRADE, up);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Removes every client-sent `X-Rolegate-*` field: only gateways set them.
+pub fn strip_rolegate(headers: &mut HeaderMap) {
+    let names: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| k.as_str().starts_with("x-rolegate-"))
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(&name);
+    }
+}
+
+/// Appends `Forwarded`, `X-Forwarded-For`, and sets `X-Forwarded-Proto/-Host`
+/// when the client did not; adds `Via: 1.1 rolegate`.
+pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &str, proto: &str) {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_owned);
+    let mut forwarded = String::with_capacity(64);
+    if let Some(c) = client {
+        match c.ip() {
+            std::net::IpAddr::V4(ip) => forwarded.push_str(&format!("for={ip}")),
+            std::net::IpAddr::V6(ip) => forwarded.push_str(&format!("for=\"[{ip}]\"")),
+        }
+        forwarded.push(';');
+    }
+    forwarded.push_str(&format!("by=\"{by}\";proto={proto}"));
+    if let Some(h) = &host {
+        if h.bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+        {
+            forwarded.push_str(&format!(";host=\"{h}\""));
+        }
+    }
+    append(headers, FORWARDED, &forwarded);
+    if let Some(c) = client {
+        append(headers, X_FORWARDED_FOR, &c.ip().to_string());
+    }
+    if !headers.contains_key(X_FORWARDED_PROTO) {
+        headers.insert(
+            X_FORWARDED_PROTO,
+            HeaderValue::from_static(if proto == "https" { "https" } else { "http" }),
+        );
+    }
+    if let Some(h) = host {
+        if !headers.contains_key(X_FORWARDED_HOST) {
+            if let Ok(v) = HeaderValue::from_str(&h) {
+                headers.insert(X_FORWARDED_HOST, v);
+            }
+        }
+    }
+    append(headers, header::VIA, "1.1 rolegate");
+}
+
+/// Appends to a comma-separated list field, joining existing values.
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    let joined = {
+        let existing: Vec<&str> = headers
+            .get_all(&name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .collect();
+        if existing.is_empty() {
+            value.to_string()
+        } else {
+            format!("{}, {value}", existing.join(", "))
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_connection_named_fields_are_removed() {
+        let mut h = map(&[
+            ("connection", "close, x-secret-hop"),
+            ("x-secret-hop", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("te", "gzip, trailers"),
+            ("transfer-encoding", "chunked"),
+            ("trailer", "x-checksum"),
+            ("upgrade", "websocket"),
+            ("content-type", "text/plain"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["te", "content-type"]);
+        assert_eq!(h["te"], "trailers");
+    }
+
+    #[test]
+    fn upgrade_survives_when_kept() {
+        let mut h = map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "k"),
+        ]);
+        assert!(is_upgrade_request(&h));
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert_eq!(h["sec-websocket-key"], "k");
+    }
+
+    #[test]
+    fn rolegate_headers_from_clients_are_removed() {
+        let mut h = map(&[
+            ("x-rolegate-role", "admin"),
+            ("X-Rolegate-Token", "99"),
+            ("x-other", "1"),
+        ]);
+        strip_rolegate(&mut h);
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn forwarding_headers_append() {
+        let mut h = map(&[("host", "example.com"), ("x-forwarded-for", "10.0.0.1")]);
+        add_forwarding(
+            &mut h,
+            Some("127.0.0.1:5000".parse().unwrap()),
+            "gw-1",
+            "http",
+        );
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
+        assert_eq!(
+            h["forwarded"],
+            "for=127.0.0.1;by=\"gw-1\";proto=http;host=\"example.com\""
+        );
+        assert_eq!(h["x-forwarded-host"], "example.com");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["via"], "1.1 rolegate");
+        add_forwarding(&mut h, Some("[::1]:1".parse().unwrap()), "gw-2", "http");
+        assert_eq!(h["via"], "1.1 rolegate, 1.1 rolegate");
+        assert!(h["forwarded"]
+            .to_str()
+            .unwrap()
+            .ends_with("for=\"[::1]\";by=\"gw-2\";proto=http;host=\"example.com\""));
+    }
+}

@@ -1,0 +1,130 @@
+//! `application/problem+json` (RFC 9457) answers: 400 for a missing key, 503
+//! (always with an integer `Retry-After`) when this instance must not serve
+//! and cannot forward, 502/504 when the local upstream fails.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{header, HeaderValue, Response, StatusCode};
+
+/// Why a request was not served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Partition route without its key.
+    MissingKey,
+    /// No live holder is known, or the snapshot names this instance but it
+    /// does not hold the role (expired, draining).
+    HolderUnknown,
+    /// Connecting to the holder failed.
+    HolderUnreachable,
+    /// The holder did not send a response head in time.
+    HolderTimeout,
+    /// The request was already forwarded once and this instance does not hold the role.
+    AlreadyForwarded,
+    /// The local app did not answer.
+    UpstreamUnreachable,
+    /// The local app did not send a response head in time.
+    UpstreamTimeout,
+    /// The request itself is unusable (e.g. no leading slash).
+    BadRequest,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::MissingKey => "missing-key",
+            Reason::HolderUnknown => "holder-unknown",
+            Reason::HolderUnreachable => "holder-unreachable",
+            Reason::HolderTimeout => "holder-timeout",
+            Reason::AlreadyForwarded => "already-forwarded",
+            Reason::UpstreamUnreachable => "upstream-unreachable",
+            Reason::UpstreamTimeout => "upstream-timeout",
+            Reason::BadRequest => "bad-request",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Reason::MissingKey | Reason::BadRequest => StatusCode::BAD_REQUEST,
+            Reason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    fn title(self) -> &'static str {
+        match self {
+            Reason::MissingKey => "Partition key missing",
+            Reason::HolderUnknown => "No holder for this role",
+            Reason::HolderUnreachable => "Role holder unreachable",
+            Reason::HolderTimeout => "Role holder did not answer in time",
+            Reason::AlreadyForwarded => "Request already forwarded once",
+            Reason::UpstreamUnreachable => "Upstream app unreachable",
+            Reason::UpstreamTimeout => "Upstream app did not answer in time",
+            Reason::BadRequest => "Bad request",
+        }
+    }
+}
+
+/// A problem answer under construction.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    pub reason: Reason,
+    pub detail: String,
+    pub role: Option<Arc<str>>,
+    pub partition: Option<Arc<str>>,
+}
+
+impl Problem {
+    pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
+        Self {
+            reason,
+            detail: detail.into(),
+            role: None,
+            partition: None,
+        }
+    }
+
+    pub fn role(mut self, role: Option<Arc<str>>) -> Self {
+        self.role = role;
+        self
+    }
+
+    pub fn partition(mut self, partition: Option<Arc<str>>) -> Self {
+        self.partition = partition;
+        self
+    }
+
+    /// The response; 503s carry `Retry-After: retry_after_secs`.
+    pub fn into_response(self, retry_after_secs: u64) -> Response<Body> {
+        let status = self.reason.status();
+        let mut body = serde_json::json!({
+            "type": format!("urn:rolegate:problem:{}", self.reason.as_str()),
+            "title": self.reason.title(),
+            "status": status.as_u16(),
+            "detail": self.detail,
+            "reason": self.reason.as_str(),
+        });
+        if let Some(role) = &self.role {
+            body["role"] = serde_json::Value::String(role.to_string());
+        }
+        if let Some(p) = &self.partition {
+            body["partition"] = serde_json::Value::String(p.to_string());
+        }
+        let mut resp = Response::new(Body::from(body.to_string()));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_secs.max(1)),
+            );
+        }
+        resp.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        resp
+    }
+}
