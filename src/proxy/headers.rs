@@ -103,7 +103,12 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
         }
         forwarded.push(';');
     }
-    forwarded.push_str(&format!("by=\"{by}\";proto={proto}"));
+    // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
+    if !by.is_empty() && by.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        forwarded.push_str(&format!("by=_{by};proto={proto}"));
+    } else {
+        forwarded.push_str(&format!("by=unknown;proto={proto}"));
+    }
     if let Some(h) = &host {
         if h.bytes()
             .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
@@ -179,8 +184,9 @@ mod tests {
             ("content-type", "text/plain"),
         ]);
         strip_hop_by_hop(&mut h, false);
-        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
-        assert_eq!(left, vec!["te", "content-type"]);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, vec!["content-type", "te"]);
         assert_eq!(h["te"], "trailers");
     }
 
@@ -221,7 +227,7 @@ mod tests {
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(
             h["forwarded"],
-            "for=127.0.0.1;by=\"gw-1\";proto=http;host=\"example.com\""
+            "for=127.0.0.1;by=_gw-1;proto=http;host=\"example.com\""
         );
         assert_eq!(h["x-forwarded-host"], "example.com");
         assert_eq!(h["x-forwarded-proto"], "http");
@@ -231,6 +237,6 @@ mod tests {
         assert!(h["forwarded"]
             .to_str()
             .unwrap()
-            .ends_with("for=\"[::1]\";by=\"gw-2\";proto=http;host=\"example.com\""));
+            .ends_with("for=\"[::1]\";by=_gw-2;proto=http;host=\"example.com\""));
     }
 }

@@ -2,6 +2,8 @@
 //! unique table names, and waiting for conditions with deadlines.
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,6 +35,24 @@ pub async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) 
             panic!("timed out after {limit:?} waiting for: {what}");
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Like [`wait_for`] with an async condition.
+pub async fn wait_for_async<F, Fut>(what: &str, limit: Duration, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return start.elapsed();
+        }
+        if start.elapsed() > limit {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

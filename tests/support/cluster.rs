@@ -1,0 +1,483 @@
+//! Real processes and sockets for proxy tests: small test apps that record
+//! every request they execute, `rolegate run` processes in front of them, and
+//! an HTTP client.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Notify};
+
+/// One request a test app executed.
+#[derive(Debug, Clone)]
+pub struct Executed {
+    pub method: String,
+    pub path: String,
+    pub headers: HeaderMap,
+}
+
+struct AppState {
+    n: usize,
+    log: Mutex<Vec<Executed>>,
+    accepts: AtomicUsize,
+    /// The SSE handler waits on this before writing event 2.
+    sse_next: Notify,
+    /// Handlers that wait (`/slow`) are released by this.
+    release_slow: Notify,
+}
+
+/// A small app recording what it executes.
+pub struct TestApp {
+    pub port: u16,
+    state: Arc<AppState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl TestApp {
+    pub async fn start(n: usize) -> TestApp {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind test app");
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(AppState {
+            n,
+            log: Mutex::new(Vec::new()),
+            accepts: AtomicUsize::new(0),
+            sse_next: Notify::new(),
+            release_slow: Notify::new(),
+        });
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                st.accepts.fetch_add(1, Ordering::SeqCst);
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let st = st.clone();
+                        async move { Ok::<_, Infallible>(app_handle(st, req).await) }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), svc)
+                        .with_upgrades()
+                        .await;
+                });
+            }
+        });
+        TestApp { port, state, task }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn executed(&self) -> Vec<Executed> {
+        self.state.log.lock().unwrap().clone()
+    }
+
+    pub fn executed_paths(&self) -> Vec<String> {
+        self.executed().into_iter().map(|e| e.path).collect()
+    }
+
+    pub fn accepts(&self) -> usize {
+        self.state.accepts.load(Ordering::SeqCst)
+    }
+
+    /// Lets the SSE handler write its next event.
+    pub fn sse_next(&self) {
+        self.state.sse_next.notify_one();
+    }
+
+    pub fn release_slow(&self) {
+        self.state.release_slow.notify_waiters();
+    }
+}
+
+fn stream_body(rx: mpsc::Receiver<Bytes>) -> Body {
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|b| (Ok::<_, std::io::Error>(b), rx))
+    });
+    Body::from_stream(stream)
+}
+
+async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let path_and_query = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    st.log.lock().unwrap().push(Executed {
+        method: req.method().to_string(),
+        path: path_and_query.clone(),
+        headers: req.headers().clone(),
+    });
+    let n = st.n;
+    if path.ends_with("/ws") {
+        let key = req.headers().get("sec-websocket-key").cloned();
+        let Some(key) = key else {
+            return Response::builder().status(400).body(Body::from("not a websocket")).unwrap();
+        };
+        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let on = hyper::upgrade::on(&mut req);
+        tokio::spawn(async move {
+            let Ok(upgraded) = on.await else { return };
+            let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                TokioIo::new(upgraded),
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                None,
+            )
+            .await;
+            while let Some(Ok(msg)) = ws.next().await {
+                if msg.is_text() || msg.is_binary() {
+                    if ws.send(msg).await.is_err() {
+                        break;
+                    }
+                } else if msg.is_close() {
+                    break;
+                }
+            }
+        });
+        return Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header("upgrade", "websocket")
+            .header("connection", "Upgrade")
+            .header("sec-websocket-accept", accept)
+            .body(Body::empty())
+            .unwrap();
+    }
+    if path.ends_with("/sse") {
+        let (tx, rx) = mpsc::channel(4);
+        tokio::spawn(async move {
+            let _ = tx.send(Bytes::from_static(b"data: 1\n\n")).await;
+            st.sse_next.notified().await;
+            let _ = tx.send(Bytes::from_static(b"data: 2\n\n")).await;
+        });
+        return Response::builder()
+            .header("content-type", "text/event-stream")
+            .header("cache-control", "no-cache")
+            .body(stream_body(rx))
+            .unwrap();
+    }
+    if path.ends_with("/upload") {
+        let mut body = req.into_body();
+        let mut total = 0u64;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(f) => {
+                    if let Some(d) = f.data_ref() {
+                        total += d.len() as u64;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+        return Response::new(Body::from(format!("received {total}")));
+    }
+    if path.ends_with("/download") {
+        let bytes: u64 = req
+            .uri()
+            .query()
+            .and_then(|q| q.strip_prefix("bytes="))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let (tx, rx) = mpsc::channel(2);
+        tokio::spawn(async move {
+            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+            let mut left = bytes;
+            while left > 0 {
+                let take = left.min(chunk.len() as u64) as usize;
+                if tx.send(chunk.slice(..take)).await.is_err() {
+                    return;
+                }
+                left -= take as u64;
+            }
+        });
+        return Response::builder()
+            .header("content-length", bytes.to_string())
+            .body(stream_body(rx))
+            .unwrap();
+    }
+    if path.ends_with("/slow") {
+        st.release_slow.notified().await;
+        return Response::new(Body::from(format!("slow done by app{n}")));
+    }
+    if path == "/status/204" {
+        return Response::builder().status(204).header("x-app", n.to_string()).body(Body::empty()).unwrap();
+    }
+    if path == "/status/304" {
+        return Response::builder()
+            .status(304)
+            .header("etag", "\"v1\"")
+            .body(Body::empty())
+            .unwrap();
+    }
+    if path.ends_with("/echo-body") {
+        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        return Response::new(Body::from(body));
+    }
+    let body = format!("app{n} {} {path_and_query}", req.method());
+    Response::builder()
+        .status(201)
+        .header("content-type", "text/plain; charset=utf-8")
+        .header("x-app", n.to_string())
+        .header("x-multi", "a")
+        .header("x-multi", "b")
+        .header("set-cookie", "s=1; Path=/")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+/// A `rolegate run` process.
+pub struct GatewayProcess {
+    pub child: Child,
+    pub port: u16,
+    pub admin_port: u16,
+    pub dir: PathBuf,
+    pub n: usize,
+}
+
+impl Drop for GatewayProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// What every gateway of a test shares.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    pub store_yaml: String,
+    pub extra_yaml: String,
+    pub lease_yaml: String,
+    /// Lines appended under `proxy:` (indented two spaces).
+    pub proxy_yaml: String,
+}
+
+impl ClusterSpec {
+    /// Gateways on the shared test PostgreSQL, each test in its own table.
+    pub fn postgres(tag: &str) -> Self {
+        Self {
+            store_yaml: format!(
+                "store:\n  kind: postgres\n  url: {}\n  table: {}\n",
+                super::postgres_url(),
+                super::unique_table(tag)
+            ),
+            extra_yaml: String::new(),
+            lease_yaml: "lease:\n  duration: 3s\n  renew_interval: 500ms\n  safety_margin: 1s\n".into(),
+            proxy_yaml: String::new(),
+        }
+    }
+
+    pub fn with_proxy(mut self, yaml: &str) -> Self {
+        self.proxy_yaml.push_str(yaml);
+        self
+    }
+
+    pub fn with_extra(mut self, yaml: &str) -> Self {
+        self.extra_yaml.push_str(yaml);
+        self
+    }
+}
+
+pub const ROUTES_YAML: &str = r#"roles:
+  - name: maintenance
+partitions:
+  - name: devices
+    count: 8
+routes:
+  - prefixes: [/maintenance]
+    role: maintenance
+  - prefixes: [/device-api]
+    partition: devices
+    key: { header: X-Device-Id }
+  - prefixes: [/orders]
+    partition: devices
+    scope: Order
+    key: { path_segment: last }
+"#;
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_rolegate")
+}
+
+impl GatewayProcess {
+    /// Starts `rolegate run` in front of `app` and waits until it is ready.
+    pub async fn start(n: usize, spec: &ClusterSpec, app: &TestApp) -> GatewayProcess {
+        let port = super::free_port();
+        let admin_port = super::free_port();
+        Self::start_on(n, spec, app.port, port, admin_port).await
+    }
+
+    pub async fn start_on(n: usize, spec: &ClusterSpec, app_port: u16, port: u16, admin_port: u16) -> GatewayProcess {
+        let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = format!(
+            "instance:\n  name: gw{n}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
+            spec.store_yaml, spec.lease_yaml, ROUTES_YAML, spec.extra_yaml, spec.proxy_yaml
+        );
+        let path = dir.join("rolegate.yaml");
+        std::fs::write(&path, config).unwrap();
+        let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
+        let child = Command::new(bin())
+            .args(["run", "--config"])
+            .arg(&path)
+            .env("RUST_LOG", "rolegate=debug")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn rolegate");
+        let gw = GatewayProcess {
+            child,
+            port,
+            admin_port,
+            dir,
+            n,
+        };
+        gw.wait_ready().await;
+        gw
+    }
+
+    pub async fn wait_ready(&self) {
+        let url = format!("{}/readyz", self.admin_url());
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(r) = get(&url).await {
+                if r.0 == StatusCode::OK {
+                    return;
+                }
+            }
+            if start.elapsed() > Duration::from_secs(15) {
+                panic!("gateway {} not ready in 15s; log:\n{}", self.n, self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn admin_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.admin_port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// `/leases` as JSON.
+    pub async fn leases(&self) -> serde_json::Value {
+        let (status, _, body) = get(&format!("{}/leases", self.admin_url())).await.expect("leases");
+        assert_eq!(status, StatusCode::OK);
+        serde_json::from_slice(&body).expect("leases json")
+    }
+
+    /// role -> (held_here, token)
+    pub async fn held(&self) -> HashMap<String, (bool, u64)> {
+        let v = self.leases().await;
+        v["roles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["role"].as_str().unwrap().to_string(),
+                    (r["held_here"].as_bool().unwrap(), r["token"].as_u64().unwrap()),
+                )
+            })
+            .collect()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status().unwrap();
+        assert!(ok.success());
+    }
+
+    /// Resident memory in KiB from /proc.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Body> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// A fresh single-use client, so connection reuse is the gateway's alone.
+pub async fn send(req: Request<Body>) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+    client().request(req).await
+}
+
+/// GET and collect: (status, headers, body).
+pub async fn get(url: &str) -> Result<(StatusCode, HeaderMap, Bytes), String> {
+    request(Request::get(url).body(Body::empty()).unwrap()).await
+}
+
+pub async fn request(req: Request<Body>) -> Result<(StatusCode, HeaderMap, Bytes), String> {
+    let resp = send(req).await.map_err(|e| e.to_string())?;
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.map_err(|e| e.to_string())?.to_bytes();
+    Ok((parts.status, parts.headers, body))
+}
+
+/// Which gateway holds `role`, by their `/leases`.
+pub async fn holder_of(gws: &[GatewayProcess], role: &str) -> Option<usize> {
+    for (i, g) in gws.iter().enumerate() {
+        if g.held().await.get(role).is_some_and(|h| h.0) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+/// Waits until every gateway agrees one of them holds `role`; returns its index.
+pub async fn wait_holder(gws: &[GatewayProcess], role: &str) -> usize {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(i) = holder_of(gws, role).await {
+            // Everyone else must know the holder too, so forwarding works.
+            let mut all_know = true;
+            for g in gws {
+                let v = g.leases().await;
+                let known = v["roles"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r["role"] == role && r["holder_address"] == gws[i].url().as_str());
+                all_know &= known;
+            }
+            if all_know {
+                return i;
+            }
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            panic!("no agreed holder of {role} within 10s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
