@@ -27,9 +27,11 @@ impl Cluster {
         }
         let mut gws = Vec::new();
         gws.push(GatewayProcess::start(0, &spec, &apps[0]).await);
-        support::wait_for_async("gateway 0 holds maintenance", Duration::from_secs(10), || async {
-            gws[0].held().await.get("maintenance").is_some_and(|h| h.0)
-        })
+        support::wait_for_async(
+            "gateway 0 holds maintenance",
+            Duration::from_secs(10),
+            || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
+        )
         .await;
         for n in 1..3 {
             gws.push(GatewayProcess::start(n, &spec, &apps[n]).await);
@@ -42,13 +44,19 @@ impl Cluster {
     fn total_executed(&self, path_part: &str) -> Vec<usize> {
         self.apps
             .iter()
-            .map(|a| a.executed_paths().iter().filter(|p| p.contains(path_part)).count())
+            .map(|a| {
+                a.executed_paths()
+                    .iter()
+                    .filter(|p| p.contains(path_part))
+                    .count()
+            })
             .collect()
     }
 }
 
 fn problem(body: &Bytes) -> serde_json::Value {
-    serde_json::from_slice(body).unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| panic!("not JSON: {}", String::from_utf8_lossy(body)))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,10 +84,16 @@ async fn role_route_sent_to_any_instance_executes_once_at_the_holder_and_returns
         assert_eq!(e.headers["x-rolegate-token"], token.to_string().as_str());
     }
     // Paths outside every route go to the local app directly.
-    let (_, headers, body) = cluster::get(&format!("{}/plain/page", c.gws[2].url())).await.unwrap();
+    let (_, headers, body) = cluster::get(&format!("{}/plain/page", c.gws[2].url()))
+        .await
+        .unwrap();
     assert_eq!(headers["x-app"], "2");
     assert_eq!(body, "app2 GET /plain/page");
-    let plain = c.apps[2].executed().into_iter().find(|e| e.path == "/plain/page").unwrap();
+    let plain = c.apps[2]
+        .executed()
+        .into_iter()
+        .find(|e| e.path == "/plain/page")
+        .unwrap();
     assert!(!plain.headers.contains_key("x-rolegate-role"));
 }
 
@@ -103,7 +117,10 @@ async fn partition_routes_reach_each_partitions_holder_with_its_role_and_token()
     let mut holders = std::collections::HashSet::new();
     for k in 0..40 {
         let key = format!("device-{k}");
-        let role = format!("devices:partition-{}", rolegate::lease::partition_index(None, &key, 8));
+        let role = format!(
+            "devices:partition-{}",
+            rolegate::lease::partition_index(None, &key, 8)
+        );
         let holder = cluster::holder_of(&gws, &role).await.expect("holder");
         holders.insert(holder);
         let token = gws[holder].held().await[&role].1;
@@ -114,7 +131,11 @@ async fn partition_routes_reach_each_partitions_holder_with_its_role_and_token()
             .unwrap();
         let (status, headers, _) = cluster::request(req).await.unwrap();
         assert_eq!(status, StatusCode::CREATED, "key {key}");
-        assert_eq!(headers["x-app"], holder.to_string().as_str(), "key {key} runs at its partition's holder");
+        assert_eq!(
+            headers["x-app"],
+            holder.to_string().as_str(),
+            "key {key} runs at its partition's holder"
+        );
         let e = apps[holder]
             .executed()
             .into_iter()
@@ -125,15 +146,22 @@ async fn partition_routes_reach_each_partitions_holder_with_its_role_and_token()
     }
     eprintln!("partition holders seen: {holders:?}");
     // Scoped route, key from the last path segment.
-    let role = format!("devices:partition-{}", rolegate::lease::partition_index(Some("Order"), "77", 8));
+    let role = format!(
+        "devices:partition-{}",
+        rolegate::lease::partition_index(Some("Order"), "77", 8)
+    );
     let holder = cluster::holder_of(&gws, &role).await.unwrap();
-    let (status, headers, _) = cluster::get(&format!("{}/orders/77", gws[(holder + 1) % 3].url())).await.unwrap();
+    let (status, headers, _) = cluster::get(&format!("{}/orders/77", gws[(holder + 1) % 3].url()))
+        .await
+        .unwrap();
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(headers["x-app"], holder.to_string().as_str());
 
     // No key: 400 problem+json naming the partition; nothing executed.
     let before: usize = apps.iter().map(|a| a.executed().len()).sum();
-    let (status, headers, body) = cluster::get(&format!("{}/device-api/ping", gws[1].url())).await.unwrap();
+    let (status, headers, body) = cluster::get(&format!("{}/device-api/ping", gws[1].url()))
+        .await
+        .unwrap();
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(headers["content-type"], "application/problem+json");
     let p = problem(&body);
@@ -150,16 +178,30 @@ async fn dead_holder_gives_503_with_retry_after_quickly_and_is_not_retried_elsew
     c.gws[0].child.kill().unwrap();
     c.gws[0].child.wait().unwrap();
     let t0 = Instant::now();
-    let (status, headers, body) = cluster::get(&format!("{}/maintenance/after-crash", c.gws[1].url())).await.unwrap();
+    let (status, headers, body) =
+        cluster::get(&format!("{}/maintenance/after-crash", c.gws[1].url()))
+            .await
+            .unwrap();
     let took = t0.elapsed();
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().expect("integer Retry-After");
+    let retry: u64 = headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .expect("integer Retry-After");
     assert!(retry >= 1);
     let p = problem(&body);
     assert_eq!(p["reason"], "holder-unreachable");
     assert_eq!(p["role"], "maintenance");
-    assert!(took < Duration::from_millis(1_500), "503 took {took:?}; connect timeout is 500ms");
-    assert_eq!(c.total_executed("after-crash"), vec![0, 0, 0], "never retried elsewhere");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "503 took {took:?}; connect timeout is 500ms"
+    );
+    assert_eq!(
+        c.total_executed("after-crash"),
+        vec![0, 0, 0],
+        "never retried elsewhere"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,19 +222,28 @@ async fn hop_marked_request_at_a_non_holder_is_503_and_never_forwarded_or_execut
         .body(Body::empty())
         .unwrap();
     assert_eq!(cluster::request(req).await.unwrap().0, StatusCode::CREATED);
-    let e = c.apps[0].executed().into_iter().find(|e| e.path.contains("at-holder")).unwrap();
+    let e = c.apps[0]
+        .executed()
+        .into_iter()
+        .find(|e| e.path.contains("at-holder"))
+        .unwrap();
     assert!(!e.headers.contains_key("x-rolegate-hop"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_cluster_secret_a_spoofed_hop_marker_is_dropped_and_the_request_served() {
-    let c = Cluster::start(ClusterSpec::postgres("px_sig").with_proxy("  cluster_secret: 0123456789abcdef-test\n")).await;
+    let c = Cluster::start(
+        ClusterSpec::postgres("px_sig").with_proxy("  cluster_secret: 0123456789abcdef-test\n"),
+    )
+    .await;
     for marker in ["gw-elsewhere-00000000", "gw-1;t=1;sig=00", ""] {
         let mut req = Request::get(format!("{}/maintenance/signed", c.gws[1].url()));
         if !marker.is_empty() {
             req = req.header("x-rolegate-hop", marker);
         }
-        let (status, headers, _) = cluster::request(req.body(Body::empty()).unwrap()).await.unwrap();
+        let (status, headers, _) = cluster::request(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
         assert_eq!(status, StatusCode::CREATED, "marker {marker:?}");
         assert_eq!(headers["x-app"], "0");
     }
@@ -205,9 +256,13 @@ async fn with_a_cluster_secret_a_spoofed_hop_marker_is_dropped_and_the_request_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_reach_the_client_through_the_forwarded_path_while_the_stream_is_open() {
     let c = Cluster::start(ClusterSpec::postgres("px_sse")).await;
-    let resp = cluster::send(Request::get(format!("{}/maintenance/sse", c.gws[2].url())).body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let resp = cluster::send(
+        Request::get(format!("{}/maintenance/sse", c.gws[2].url()))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()["content-type"], "text/event-stream");
     let mut body = resp.into_body();
@@ -216,9 +271,404 @@ async fn sse_events_reach_the_client_through_the_forwarded_path_while_the_stream
         .expect("event 1 arrives before the app writes event 2")
         .unwrap()
         .unwrap();
-    assert_eq!(first.into_data().unwrap(), Bytes::from_static(b"data: 1\n\n"));
+    assert_eq!(
+        first.into_data().unwrap(),
+        Bytes::from_static(b"data: 1\n\n")
+    );
     c.apps[0].sse_next();
-    let second = tokio::time::timeout(Duration::from_secs(5), body.frame()).await.unwrap().unwrap().unwrap();
-    assert_eq!(second.into_data().unwrap(), Bytes::from_static(b"data: 2\n\n"));
-    assert!(tokio::time::timeout(Duration::from_secs(5), body.frame()).await.unwrap().is_none());
+    let second = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        second.into_data().unwrap(),
+        Bytes::from_static(b"data: 2\n\n")
+    );
+    assert!(tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .unwrap()
+        .is_none());
+}
+
+/// Bytes of gateway memory growth allowed while 200 MB stream through it.
+const STREAM_RSS_LIMIT_KIB: u64 = 16 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200mb_upload_and_download_stream_through_the_forwarded_path_in_bounded_memory() {
+    let c = Cluster::start(ClusterSpec::postgres("px_big")).await;
+    const SIZE: u64 = 200 * 1024 * 1024;
+    // Warm up both gateways so pools and buffers exist before measuring.
+    let warm = cluster::get(&format!(
+        "{}/maintenance/download?bytes=1048576",
+        c.gws[1].url()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(warm.2.len(), 1_048_576);
+    let rss_before = [c.gws[0].rss_kib(), c.gws[1].rss_kib()];
+
+    // Upload: a generated stream, never held in memory by the test either.
+    let chunk = Bytes::from(vec![b'u'; 256 * 1024]);
+    let chunks = (SIZE / chunk.len() as u64) as usize;
+    let stream = futures_util::stream::iter(
+        (0..chunks).map(move |_| Ok::<_, std::io::Error>(chunk.clone())),
+    );
+    let req = Request::post(format!("{}/maintenance/upload", c.gws[1].url()))
+        .body(Body::from_stream(stream))
+        .unwrap();
+    let (status, _, body) = cluster::request(req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, format!("received {SIZE}"));
+
+    // Download: count bytes as they arrive.
+    let resp = cluster::send(
+        Request::get(format!(
+            "{}/maintenance/download?bytes={SIZE}",
+            c.gws[1].url()
+        ))
+        .body(Body::empty())
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(resp.headers()["content-length"], SIZE.to_string().as_str());
+    let mut body = resp.into_body();
+    let mut got = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(d) = frame.unwrap().into_data() {
+            got += d.len() as u64;
+        }
+    }
+    assert_eq!(got, SIZE);
+    let rss_after = [c.gws[0].rss_kib(), c.gws[1].rss_kib()];
+    for i in 0..2 {
+        let grew = rss_after[i].saturating_sub(rss_before[i]);
+        eprintln!(
+            "gateway {i}: RSS {} KiB -> {} KiB",
+            rss_before[i], rss_after[i]
+        );
+        assert!(
+            grew < STREAM_RSS_LIMIT_KIB,
+            "gateway {i} grew by {grew} KiB while streaming 400 MB"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hop_by_hop_and_connection_named_headers_are_removed_and_framing_is_preserved() {
+    let c = Cluster::start(ClusterSpec::postgres("px_hdr")).await;
+    for (via, label) in [(&c.gws[0], "local"), (&c.gws[1], "forwarded")] {
+        let req = Request::post(format!("{}/maintenance/headers-{label}", via.url()))
+            .header("connection", "x-private-hop")
+            .header("x-private-hop", "secret")
+            .header("keep-alive", "timeout=5")
+            .header("proxy-connection", "keep-alive")
+            .header("te", "trailers")
+            .header("x-rolegate-role", "admin")
+            .header("x-rolegate-token", "999999")
+            .header("x-rolegate-anything", "1")
+            .header("content-length", "0")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, _) = cluster::request(req).await.unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        let e = c.apps[0]
+            .executed()
+            .into_iter()
+            .find(|e| e.path.ends_with(label))
+            .unwrap();
+        let h = &e.headers;
+        for gone in [
+            "x-private-hop",
+            "keep-alive",
+            "proxy-connection",
+            "x-rolegate-anything",
+            "transfer-encoding",
+        ] {
+            assert!(
+                !h.contains_key(gone),
+                "{label}: {gone} reached the app: {h:?}"
+            );
+        }
+        assert_eq!(h["te"], "trailers");
+        assert_eq!(
+            h["content-length"], "0",
+            "{label}: Content-Length: 0 preserved"
+        );
+        assert_eq!(h["x-rolegate-role"], "maintenance");
+        assert_ne!(h["x-rolegate-token"], "999999");
+        assert!(h["via"].to_str().unwrap().contains("1.1 rolegate"));
+        assert!(h.contains_key("forwarded") && h.contains_key("x-forwarded-for"));
+        if label == "forwarded" {
+            assert_eq!(h.get_all("via").iter().count(), 1);
+            assert_eq!(h["via"], "1.1 rolegate, 1.1 rolegate", "two hops recorded");
+        }
+
+        // A bodiless GET gets neither Content-Length nor Transfer-Encoding added.
+        let (status, _, _) = cluster::get(&format!("{}/maintenance/bodiless-{label}", via.url()))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        let e = c.apps[0]
+            .executed()
+            .into_iter()
+            .find(|e| e.path.ends_with(&format!("bodiless-{label}")))
+            .unwrap();
+        assert!(
+            !e.headers.contains_key("transfer-encoding"),
+            "{label}: {:?}",
+            e.headers
+        );
+        assert!(
+            !e.headers.contains_key("content-length"),
+            "{label}: {:?}",
+            e.headers
+        );
+
+        // HEAD: the GET's headers, no body.
+        let (status, headers, body) = cluster::request(
+            Request::head(format!("{}/maintenance/head-{label}", via.url()))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(headers["x-app"], "0");
+        assert!(body.is_empty());
+    }
+    // 204 and 304 keep their status and carry no body, on a plain path.
+    for (path, code) in [("/status/204", 204), ("/status/304", 304)] {
+        let (status, headers, body) = cluster::get(&format!("{}{path}", c.gws[1].url()))
+            .await
+            .unwrap();
+        assert_eq!(status.as_u16(), code);
+        assert!(body.is_empty());
+        assert!(!headers.contains_key("transfer-encoding"));
+    }
+}
+
+async fn websocket_echo(url: &str) {
+    let uri: http::Uri = url.parse().unwrap();
+    let stream = tokio::net::TcpStream::connect((uri.host().unwrap(), uri.port_u16().unwrap()))
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async(url, stream)
+        .await
+        .expect("websocket handshake");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    for i in 0..5 {
+        let text = format!("hello {i}");
+        ws.send(tokio_tungstenite::tungstenite::Message::text(text.clone()))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(5), ws.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.into_text().unwrap().as_str(), text);
+    }
+    ws.close(None).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_echo_works_through_a_forwarded_route_and_a_plain_path() {
+    let c = Cluster::start(ClusterSpec::postgres("px_ws")).await;
+    websocket_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port)).await;
+    websocket_echo(&format!("ws://127.0.0.1:{}/chat/ws", c.gws[1].port)).await;
+    assert_eq!(c.total_executed("/maintenance/ws"), vec![1, 0, 0]);
+    assert_eq!(c.total_executed("/chat/ws"), vec![0, 1, 0]);
+    // A refused upgrade is an ordinary error response, and the gateway goes on.
+    let req = Request::get(format!("{}/maintenance/not-ws", c.gws[2].url()))
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, _) = cluster::request(req).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    websocket_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port)).await;
+}
+
+/// Counts accepted connections and relays bytes to `target`.
+async fn counting_relay(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let c = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut inbound, _)) = listener.accept().await else {
+                continue;
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                if let Ok(mut outbound) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", target)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    (port, count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_and_upstream_connections_are_reused_across_sequential_requests() {
+    let spec = ClusterSpec::postgres("px_pool");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    // Gateway 0 advertises a relay in front of itself, so the test can count
+    // the TCP connections other gateways open to it.
+    let (port0, admin0) = (support::free_port(), support::free_port());
+    let (relay, accepts) = counting_relay(port0).await;
+    let spec0 = ClusterSpec {
+        extra_yaml: String::new(),
+        ..spec.clone()
+    };
+    let g0 = GatewayProcess::start_on_advertised(
+        0,
+        &spec0,
+        apps[0].port,
+        port0,
+        admin0,
+        &format!("http://127.0.0.1:{relay}"),
+    )
+    .await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+    let app_accepts_before = apps[0].accepts();
+    let client = cluster::client();
+    for i in 0..100 {
+        let req = Request::get(format!("{}/maintenance/seq/{i}", gws[1].url()))
+            .body(Body::empty())
+            .unwrap();
+        let resp = client.request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        resp.into_body().collect().await.unwrap();
+    }
+    let peer = accepts.load(std::sync::atomic::Ordering::SeqCst);
+    let upstream = apps[0].accepts() - app_accepts_before;
+    eprintln!("100 forwarded requests: {peer} peer connections, {upstream} upstream connections");
+    assert!(
+        peer <= 2,
+        "expected pooled peer connections, saw {peer} accepts for 100 requests"
+    );
+    assert!(
+        upstream <= 2,
+        "expected pooled upstream connections, saw {upstream}"
+    );
+}
+
+async fn raw_exchange(port: u16, request: &[u8]) -> String {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let _ = s.write_all(request).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn status_of(resp: &str) -> u16 {
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_4xx_and_the_gateway_keeps_serving() {
+    let c = Cluster::start(ClusterSpec::postgres("px_bad")).await;
+    let port = c.gws[1].port;
+    let bad_bytes = raw_exchange(
+        port,
+        b"GET /maintenance/x HTTP/1.1\r\nHost: a\r\nX-Bad: a\x01b\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&bad_bytes), 400, "{bad_bytes}");
+    let huge = format!(
+        "GET /maintenance/x HTTP/1.1\r\nHost: a\r\nX-Huge: {}\r\n\r\n",
+        "h".repeat(200 * 1024)
+    );
+    let huge = raw_exchange(port, huge.as_bytes()).await;
+    assert!((400..500).contains(&status_of(&huge)), "{huge}");
+    let no_slash = raw_exchange(
+        port,
+        b"GET maintenance/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!((400..500).contains(&status_of(&no_slash)), "{no_slash}");
+    let garbage = raw_exchange(
+        port,
+        b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03garbage\r\n\r\n",
+    )
+    .await;
+    assert!(
+        garbage.is_empty() || (400..500).contains(&status_of(&garbage)),
+        "{garbage}"
+    );
+    assert_eq!(c.total_executed("/maintenance/x"), vec![0, 0, 0]);
+    // Still serving.
+    let (status, headers, _) = cluster::get(&format!("{}/maintenance/after", c.gws[1].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["x-app"], "0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_work_finish_then_hands_over_and_exits_0() {
+    let mut c = Cluster::start(ClusterSpec::postgres("px_term")).await;
+    let url = format!("{}/maintenance/slow", c.gws[1].url());
+    let in_flight = tokio::spawn(async move { cluster::get(&url).await });
+    support::wait_for(
+        "slow request reached the holder's app",
+        Duration::from_secs(5),
+        || {
+            c.apps[0]
+                .executed_paths()
+                .iter()
+                .any(|p| p.ends_with("/slow"))
+        },
+    )
+    .await;
+    c.gws[0].signal("TERM");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Still draining: the role stays with gateway 0 while its request runs.
+    assert!(
+        c.gws[0].child.try_wait().unwrap().is_none(),
+        "exited before in-flight work finished"
+    );
+    c.apps[0].release_slow();
+    let (status, _, body) = in_flight.await.unwrap().unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "slow done by app0");
+    let t0 = Instant::now();
+    let code = loop {
+        if let Some(code) = c.gws[0].child.try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "gateway did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(code.success(), "exit status {code:?}");
+    let gws = &c.gws[1..];
+    let took = support::wait_for_async(
+        "another gateway holds maintenance",
+        Duration::from_secs(5),
+        || async { cluster::holder_of(gws, "maintenance").await.is_some() },
+    )
+    .await;
+    // The renew interval is 500ms: the release wakes the others at once.
+    assert!(took < Duration::from_millis(500), "handover took {took:?}");
 }

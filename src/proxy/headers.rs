@@ -104,7 +104,11 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
         forwarded.push(';');
     }
     // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
-    if !by.is_empty() && by.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+    if !by.is_empty()
+        && by
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
         forwarded.push_str(&format!("by=_{by};proto={proto}"));
     } else {
         forwarded.push_str(&format!("by=unknown;proto={proto}"));

@@ -55,7 +55,9 @@ impl Drop for TestApp {
 
 impl TestApp {
     pub async fn start(n: usize) -> TestApp {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind test app");
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind test app");
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(AppState {
             n,
@@ -67,7 +69,9 @@ impl TestApp {
         let st = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 st.accepts.fetch_add(1, Ordering::SeqCst);
                 let st = st.clone();
                 tokio::spawn(async move {
@@ -120,7 +124,11 @@ fn stream_body(rx: mpsc::Receiver<Bytes>) -> Body {
 
 async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
-    let path_and_query = req.uri().path_and_query().map(|p| p.to_string()).unwrap_or_default();
+    let path_and_query = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.to_string())
+        .unwrap_or_default();
     st.log.lock().unwrap().push(Executed {
         method: req.method().to_string(),
         path: path_and_query.clone(),
@@ -130,7 +138,10 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
     if path.ends_with("/ws") {
         let key = req.headers().get("sec-websocket-key").cloned();
         let Some(key) = key else {
-            return Response::builder().status(400).body(Body::from("not a websocket")).unwrap();
+            return Response::builder()
+                .status(400)
+                .body(Body::from("not a websocket"))
+                .unwrap();
         };
         let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
         let on = hyper::upgrade::on(&mut req);
@@ -217,7 +228,11 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         return Response::new(Body::from(format!("slow done by app{n}")));
     }
     if path == "/status/204" {
-        return Response::builder().status(204).header("x-app", n.to_string()).body(Body::empty()).unwrap();
+        return Response::builder()
+            .status(204)
+            .header("x-app", n.to_string())
+            .body(Body::empty())
+            .unwrap();
     }
     if path == "/status/304" {
         return Response::builder()
@@ -227,7 +242,12 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
             .unwrap();
     }
     if path.ends_with("/echo-body") {
-        let body = req.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+        let body = req
+            .into_body()
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
         return Response::new(Body::from(body));
     }
     let body = format!("app{n} {} {path_and_query}", req.method());
@@ -279,7 +299,8 @@ impl ClusterSpec {
                 super::unique_table(tag)
             ),
             extra_yaml: String::new(),
-            lease_yaml: "lease:\n  duration: 3s\n  renew_interval: 500ms\n  safety_margin: 1s\n".into(),
+            lease_yaml: "lease:\n  duration: 3s\n  renew_interval: 500ms\n  safety_margin: 1s\n"
+                .into(),
             proxy_yaml: String::new(),
         }
     }
@@ -324,11 +345,29 @@ impl GatewayProcess {
         Self::start_on(n, spec, app.port, port, admin_port).await
     }
 
-    pub async fn start_on(n: usize, spec: &ClusterSpec, app_port: u16, port: u16, admin_port: u16) -> GatewayProcess {
+    pub async fn start_on(
+        n: usize,
+        spec: &ClusterSpec,
+        app_port: u16,
+        port: u16,
+        admin_port: u16,
+    ) -> GatewayProcess {
+        Self::start_on_advertised(n, spec, app_port, port, admin_port, "null").await
+    }
+
+    /// Like `start_on`, with `instance.advertise` set.
+    pub async fn start_on_advertised(
+        n: usize,
+        spec: &ClusterSpec,
+        app_port: u16,
+        port: u16,
+        admin_port: u16,
+        advertise: &str,
+    ) -> GatewayProcess {
         let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = format!(
-            "instance:\n  name: gw{n}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
+            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
             spec.store_yaml, spec.lease_yaml, ROUTES_YAML, spec.extra_yaml, spec.proxy_yaml
         );
         let path = dir.join("rolegate.yaml");
@@ -387,7 +426,9 @@ impl GatewayProcess {
 
     /// `/leases` as JSON.
     pub async fn leases(&self) -> serde_json::Value {
-        let (status, _, body) = get(&format!("{}/leases", self.admin_url())).await.expect("leases");
+        let (status, _, body) = get(&format!("{}/leases", self.admin_url()))
+            .await
+            .expect("leases");
         assert_eq!(status, StatusCode::OK);
         serde_json::from_slice(&body).expect("leases json")
     }
@@ -402,20 +443,27 @@ impl GatewayProcess {
             .map(|r| {
                 (
                     r["role"].as_str().unwrap().to_string(),
-                    (r["held_here"].as_bool().unwrap(), r["token"].as_u64().unwrap()),
+                    (
+                        r["held_here"].as_bool().unwrap(),
+                        r["token"].as_u64().unwrap(),
+                    ),
                 )
             })
             .collect()
     }
 
     pub fn signal(&self, sig: &str) {
-        let ok = Command::new("kill").args([&format!("-{sig}"), &self.pid().to_string()]).status().unwrap();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 
     /// Resident memory in KiB from /proc.
     pub fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap_or_default();
         status
             .lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
@@ -429,7 +477,9 @@ pub fn client() -> Client<HttpConnector, Body> {
 }
 
 /// A fresh single-use client, so connection reuse is the gateway's alone.
-pub async fn send(req: Request<Body>) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
+pub async fn send(
+    req: Request<Body>,
+) -> Result<Response<Incoming>, hyper_util::client::legacy::Error> {
     client().request(req).await
 }
 
@@ -461,6 +511,10 @@ pub async fn wait_holder(gws: &[GatewayProcess], role: &str) -> usize {
     loop {
         if let Some(i) = holder_of(gws, role).await {
             // Everyone else must know the holder too, so forwarding works.
+            let address = gws[i].leases().await["instance"]["address"]
+                .as_str()
+                .unwrap()
+                .to_string();
             let mut all_know = true;
             for g in gws {
                 let v = g.leases().await;
@@ -468,7 +522,7 @@ pub async fn wait_holder(gws: &[GatewayProcess], role: &str) -> usize {
                     .as_array()
                     .unwrap()
                     .iter()
-                    .any(|r| r["role"] == role && r["holder_address"] == gws[i].url().as_str());
+                    .any(|r| r["role"] == role && r["holder_address"] == address.as_str());
                 all_know &= known;
             }
             if all_know {
