@@ -1,0 +1,102 @@
+//! An axum service that holds leases itself, with both holder layers mounted
+//! before routing, on the embedded SQLite store.
+//!
+//! Run two or three copies on different ports, then call any of them:
+//!
+//! ```text
+//! cargo run --example axum_app -- 3001 &
+//! cargo run --example axum_app -- 3002 &
+//! curl -X POST localhost:3002/reports/run         # runs on the `reports` holder
+//! curl localhost:3001/accounts/42/balance         # runs on the holder of 42's partition
+//! curl localhost:3001/                            # not gated: runs where it lands
+//! ```
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path};
+use axum::routing::{get, post};
+use axum::Router;
+use rolegate::lease::HeldLease;
+use rolegate::proxy::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
+use rolegate::store::{LeaseStore, SqliteStore};
+use rolegate::{CoordinatorBuilder, LeaseTimings};
+use tower::ServiceBuilder;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt().with_env_filter("info").init();
+    let port: u16 = std::env::args()
+        .nth(1)
+        .map(|p| p.parse())
+        .transpose()?
+        .unwrap_or(3001);
+    let db =
+        std::env::var("ROLEGATE_EXAMPLE_DB").unwrap_or_else(|_| "sqlite://axum-example.db".into());
+
+    let store = SqliteStore::connect(&db, "rolegate_role_leases").await?;
+    store.migrate().await?;
+    let coordinator = CoordinatorBuilder::new(Arc::new(store))
+        .instance_name("axum-example")
+        .advertise(format!("http://127.0.0.1:{port}"))
+        .role("reports", LeaseTimings::default())
+        .partition("accounts", 8, LeaseTimings::default())
+        .start()?;
+
+    // The app's own routes; they never think about leases, except to read the token.
+    let routes = Router::new()
+        .route("/", get(|| async { "not gated\n" }))
+        .route("/reports/run", post(run_report))
+        .route("/accounts/{id}/balance", get(balance));
+
+    // Gate before routing: the layers see every request, and act on their prefixes.
+    let options = LayerOptions::new()?;
+    let gated = ServiceBuilder::new()
+        .layer(
+            RoleHolderLayer::new(&coordinator, "reports", options.clone()).prefixes(["/reports"]),
+        )
+        .layer(
+            PartitionHolderLayer::new(
+                &coordinator,
+                "accounts",
+                KeyExtractor::PathSegment(2),
+                options,
+            )
+            .prefixes(["/accounts"]),
+        )
+        .service(routes);
+    let app = Router::new().fallback_service(gated);
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    tracing::info!(
+        port,
+        instance = coordinator.instance_id(),
+        "axum example listening"
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await?;
+    // Release every held role so another copy takes over at once.
+    coordinator.shutdown().await;
+    Ok(())
+}
+
+async fn run_report(Extension(lease): Extension<HeldLease>) -> String {
+    // Pass the token to anything that can fence on it (a DB column, an API).
+    format!(
+        "report started under {} (token {})\n",
+        lease.role, lease.token
+    )
+}
+
+async fn balance(Path(id): Path<String>, Extension(lease): Extension<HeldLease>) -> String {
+    format!(
+        "balance of account {id}, served by the holder of {} (token {})\n",
+        lease.role, lease.token
+    )
+}

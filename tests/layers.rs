@@ -1,0 +1,193 @@
+//! The tower layers in real axum servers on real sockets: two app copies
+//! share a store; gated requests run at the holder with a `HeldLease`
+//! extension, or are forwarded one hop, or answered 400/503.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::Extension;
+use axum::routing::get;
+use axum::Router;
+use http::{Request, StatusCode};
+use rolegate::lease::HeldLease;
+use rolegate::proxy::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
+use rolegate::store::{LeaseStore, MemoryStore};
+use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
+use support::cluster;
+use tower::ServiceBuilder;
+
+const T: LeaseTimings = LeaseTimings {
+    duration: Duration::from_millis(900),
+    renew_interval: Duration::from_millis(200),
+    safety_margin: Duration::from_millis(200),
+};
+
+async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let coordinator = CoordinatorBuilder::new(store)
+        .instance_name(name)
+        .advertise(format!("http://127.0.0.1:{port}"))
+        .role("reports", T)
+        .partition("accounts", 4, T)
+        .start()
+        .unwrap();
+    let who = name.to_string();
+    let routes = Router::new()
+        .route(
+            "/reports/run",
+            get({
+                let who = who.clone();
+                move |Extension(l): Extension<HeldLease>| async move {
+                    format!("{who} {} {}", l.role, l.token)
+                }
+            }),
+        )
+        .route(
+            "/accounts/{id}",
+            get({
+                let who = who.clone();
+                move |Extension(l): Extension<HeldLease>| async move {
+                    format!("{who} {} {}", l.role, l.token)
+                }
+            }),
+        )
+        .route(
+            "/other",
+            get({
+                let who = who.clone();
+                move || async move { who.clone() }
+            }),
+        );
+    let options = LayerOptions::new().unwrap();
+    let gated = ServiceBuilder::new()
+        .layer(
+            RoleHolderLayer::new(&coordinator, "reports", options.clone()).prefixes(["/reports"]),
+        )
+        .layer(
+            RoleHolderLayer::new(&coordinator, "not-registered", options.clone())
+                .prefixes(["/other"]),
+        )
+        .layer(
+            PartitionHolderLayer::new(
+                &coordinator,
+                "accounts",
+                KeyExtractor::PathSegment(2),
+                options,
+            )
+            .prefixes(["/accounts"]),
+        )
+        .service(routes);
+    let app = Router::new().fallback_service(gated);
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (coordinator, port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let (a, pa) = app(store.clone(), "a").await;
+    support::wait_for("a holds reports", Duration::from_secs(3), || {
+        a.role("reports").unwrap().is_held()
+    })
+    .await;
+    let (b, pb) = app(store.clone(), "b").await;
+    support::wait_for("b knows the holder", Duration::from_secs(3), || {
+        b.role("reports").unwrap().current_holder().is_some()
+    })
+    .await;
+    let token = a.role("reports").unwrap().guard().unwrap().token;
+    for port in [pa, pb] {
+        let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{port}/reports/run"))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(
+            body,
+            format!("a reports {token}"),
+            "runs at the holder with its HeldLease"
+        );
+    }
+    // Partition: the key is path segment 2.
+    for port in [pa, pb] {
+        let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{port}/accounts/42"))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        let idx = rolegate::lease::partition_index(None, "42", 4);
+        assert!(
+            body.starts_with(format!("a accounts:partition-{idx} ").as_bytes()),
+            "{body:?}"
+        );
+    }
+    // A layer for an unregistered role installs nothing.
+    let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}/other"))
+        .await
+        .unwrap();
+    assert_eq!((status, body.as_ref()), (StatusCode::OK, b"b".as_ref()));
+    // Already forwarded once, at a non-holder: 503, not executed.
+    let req = Request::get(format!("http://127.0.0.1:{pb}/reports/run"))
+        .header("x-rolegate-hop", "someone")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, _) = cluster::request(req).await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.contains_key("retry-after"));
+
+    // Graceful stop of the holder: b serves next.
+    a.shutdown().await;
+    support::wait_for("b holds reports", Duration::from_secs(1), || {
+        b.role("reports").unwrap().is_held()
+    })
+    .await;
+    let (_, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}/reports/run"))
+        .await
+        .unwrap();
+    assert!(body.starts_with(b"b reports "), "{body:?}");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partition_layer_without_a_key_answers_400() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let c = CoordinatorBuilder::new(store)
+        .advertise("http://127.0.0.1:1")
+        .partition("p", 2, T)
+        .start()
+        .unwrap();
+    let routes = Router::new().fallback(|| async { "inner" });
+    let gated = ServiceBuilder::new()
+        .layer(
+            PartitionHolderLayer::new(
+                &c,
+                "p",
+                KeyExtractor::header("x-key").unwrap(),
+                LayerOptions::new().unwrap(),
+            )
+            .scope("S"),
+        )
+        .service(routes);
+    let app = Router::new().fallback_service(gated);
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let (status, headers, body) = cluster::get(&format!("http://127.0.0.1:{port}/anything"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(headers["content-type"], "application/problem+json");
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["partition"], "p");
+    c.shutdown().await;
+}
