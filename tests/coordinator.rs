@@ -20,6 +20,9 @@ const TIMINGS: LeaseTimings = LeaseTimings {
     safety_margin: Duration::from_millis(200),
 };
 
+/// A closed interval: (start, end, token, instance).
+type Interval = (Instant, Instant, u64, Arc<str>);
+
 /// Every Began/Ended event of every coordinator in a test.
 #[derive(Clone, Default)]
 struct EventLog(Arc<Mutex<Vec<LeaseEvent>>>);
@@ -49,8 +52,7 @@ impl EventLog {
         let events = self.0.lock().unwrap().clone();
         // (instance, role, token) -> (start, end)
         let mut open: HashMap<(Arc<str>, Arc<str>, u64), Instant> = HashMap::new();
-        let mut intervals: HashMap<Arc<str>, Vec<(Instant, Instant, u64, Arc<str>)>> =
-            HashMap::new();
+        let mut intervals: HashMap<Arc<str>, Vec<Interval>> = HashMap::new();
         for e in events {
             match e {
                 LeaseEvent::Began {
@@ -167,8 +169,7 @@ async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
         names.iter().all(|r| holders(&cs, r) == 1)
     })
     .await;
-    let mut next_id = 3;
-    for round in 0..6 {
+    for (round, next_id) in (0..6).zip(3..) {
         // Sample the invariant as a reader would, between churn steps.
         for _ in 0..20 {
             for r in &names {
@@ -184,7 +185,6 @@ async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
             log.close_aborted(&victim);
         }
         cs.push(start(&store, &names, &log, next_id));
-        next_id += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     support::wait_for("every role held again", Duration::from_secs(5), || {

@@ -33,8 +33,8 @@ impl Cluster {
             || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
         )
         .await;
-        for n in 1..3 {
-            gws.push(GatewayProcess::start(n, &spec, &apps[n]).await);
+        for (n, app) in apps.iter().enumerate().skip(1) {
+            gws.push(GatewayProcess::start(n, &spec, app).await);
         }
         let holder = cluster::wait_holder(&gws, "maintenance").await;
         assert_eq!(holder, 0);

@@ -51,6 +51,18 @@ pub struct PartitionResolution {
 mod tests {
     use super::*;
 
+    /// Golden vectors: (scope, key, count, partition). Pinned in tests and docs.
+    const GOLDEN: &[(Option<&str>, &str, u32, u32)] = &[
+        (None, "device-42", 16, 1),
+        (None, "", 16, 9),
+        (None, "a", 64, 27),
+        (None, "user:1001", 64, 2),
+        (Some("Order"), "7", 64, 12),
+        (Some("Order"), "8d1f", 64, 59),
+        (Some("Invoice"), "7", 64, 5),
+        (None, "日本", 1024, 939),
+    ];
+
     /// Golden vectors; the same table is in docs/partitions.md.
     #[test]
     fn golden_vectors() {
@@ -63,7 +75,7 @@ mod tests {
             xxh64(b"device-42", 0) % 16,
             u64::from(partition_index(None, "device-42", 16))
         );
-        for (scope, key, count, expected) in crate::lease::partition::GOLDEN {
+        for (scope, key, count, expected) in GOLDEN {
             assert_eq!(
                 partition_index(*scope, key, *count),
                 *expected,
@@ -83,16 +95,3 @@ mod tests {
         assert_eq!(partition_role_name("devices", 3), "devices:partition-3");
     }
 }
-
-/// Golden vectors: (scope, key, count, partition). Pinned in tests and docs.
-#[cfg(test)]
-pub(crate) const GOLDEN: &[(Option<&str>, &str, u32, u32)] = &[
-    (None, "device-42", 16, 1),
-    (None, "", 16, 9),
-    (None, "a", 64, 27),
-    (None, "user:1001", 64, 2),
-    (Some("Order"), "7", 64, 12),
-    (Some("Order"), "8d1f", 64, 59),
-    (Some("Invoice"), "7", 64, 5),
-    (None, "日本", 1024, 939),
-];
