@@ -69,6 +69,14 @@ impl LeaseTimings {
         if self.renew_interval.is_zero() {
             return Err("renew_interval must be greater than 0".into());
         }
+        if self.safety_margin.is_zero() {
+            return Err(
+                "safety_margin must be greater than 0 (it absorbs clock drift and delays)".into(),
+            );
+        }
+        if self.duration > crate::lease::MAX_DURATION {
+            return Err("duration must be at most 24h".into());
+        }
         if self.duration <= self.renew_interval + self.safety_margin {
             return Err(format!(
                 "duration ({}) must be greater than renew_interval ({}) + safety_margin ({})",
@@ -1194,6 +1202,10 @@ mod tests {
         let e = refused("roles:\n  - name: a\n    duration: 6s\n");
         assert_eq!(e.key, "roles[0]");
         assert_eq!(e.line, Some(3));
+        assert!(refused("lease:\n  safety_margin: 0s\n")
+            .message
+            .contains("safety_margin"));
+        assert!(refused("lease:\n  duration: 2d\n").message.contains("24h"));
         let c = parse("roles:\n  - name: a\n    duration: 30s\n    renew_interval: 10s\n").unwrap();
         assert_eq!(c.roles[0].lease.duration, Duration::from_secs(30));
         assert_eq!(c.roles[0].lease.safety_margin, Duration::from_secs(2));

@@ -9,6 +9,7 @@ pub mod identity;
 pub mod lease;
 pub mod proxy;
 pub mod store;
+pub mod telemetry;
 
 pub use config::{Config, ConfigError, LeaseTimings};
 pub use lease::{Coordinator, CoordinatorBuilder, HeldLease, RoleLease, RolePartition};

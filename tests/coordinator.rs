@@ -372,7 +372,10 @@ async fn postgres_outage_fails_closed_then_recovers() {
         || names.iter().all(|r| holders(&cs, r) == 1),
     )
     .await;
-    assert!(cs.iter().all(|c| c.is_ready()));
+    support::wait_for("every instance ready again", Duration::from_secs(5), || {
+        cs.iter().all(|c| c.is_ready())
+    })
+    .await;
     for c in &cs {
         c.shutdown().await;
     }

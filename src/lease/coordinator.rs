@@ -23,6 +23,10 @@ use super::snapshot::{HolderSnapshot, RoleState};
 use super::{validate_role_name, HeldLease, PartitionSpec, RoleNameError, RoleSpec};
 use crate::config::LeaseTimings;
 use crate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
+use crate::telemetry;
+
+/// Longest lease duration accepted, so deadline arithmetic never overflows.
+pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Smallest gap between two ticks triggered by store notifications, so a burst
 /// of term changes elsewhere costs a handful of ticks, not one per change.
@@ -429,24 +433,36 @@ impl Coordinator {
 
     /// One-shot lease for bootstrap-style jobs: a single claim of `role` for
     /// `ttl`, outside the heartbeat loop; not renewed. The returned lease is
-    /// trusted until `valid_until`.
+    /// trusted until `valid_until` (80% of `ttl` after the request was sent).
+    /// Roles registered with the heartbeat loop are refused: use `role()`.
     pub async fn try_acquire(
         &self,
         role: &str,
         ttl: Duration,
     ) -> Result<Option<OneShotLease>, CoordinatorError> {
         validate_role_name(role)?;
+        if self.shared.index.contains_key(role) {
+            return Err(CoordinatorError::DuplicateRole(role.to_string()));
+        }
+        let ttl = ttl.clamp(Duration::from_millis(10), MAX_DURATION);
         let store = &self.shared.store;
-        store.register(&[role.to_string()]).await?;
+        let limit = ttl / 2;
+        let timed_out =
+            || CoordinatorError::Store(StoreError::Unavailable("one-shot claim timed out".into()));
+        tokio::time::timeout(limit, store.register(&[role.to_string()]))
+            .await
+            .map_err(|_| timed_out())??;
         let t_sent = Instant::now();
         let claims = [Claim {
             role: role.to_string(),
             held_token: None,
             duration: ttl,
         }];
-        let grants = store.claim(&self.shared.instance, &claims).await?;
+        let grants = tokio::time::timeout(limit, store.claim(&self.shared.instance, &claims))
+            .await
+            .map_err(|_| timed_out())??;
         Ok(grants.into_iter().next().and_then(|g| {
-            let valid_until = t_sent + ttl.mul_f64(0.9);
+            let valid_until = t_sent + ttl.mul_f64(0.8);
             (Instant::now() < valid_until).then(|| OneShotLease {
                 lease: HeldLease {
                     role: role.into(),
@@ -611,6 +627,7 @@ struct HeldTerm {
     token: u64,
     held_until: Instant,
     started: Instant,
+    /// Whether a snapshot showing this term was published (readers saw it).
     published: bool,
 }
 
@@ -620,11 +637,15 @@ struct LoopRole {
     /// Earliest time a claim could succeed, by the last snapshot.
     next_attempt: Instant,
     state: RoleState,
+    /// What the held gauge last said, so it is only set on change.
+    gauge_held: Option<bool>,
 }
 
 struct HeartbeatLoop {
     shared: Arc<Shared>,
     roles: Vec<LoopRole>,
+    /// Terms ended since the last publish; their `Ended` events go out with it.
+    ended: Vec<(usize, HeldTerm)>,
     loaded: bool,
     store_ok: bool,
     registered: bool,
@@ -647,11 +668,13 @@ impl HeartbeatLoop {
                     name: r.name.clone(),
                     ..RoleState::default()
                 },
+                gauge_held: None,
             })
             .collect();
         Self {
             shared,
             roles,
+            ended: Vec::new(),
             loaded: false,
             store_ok: false,
             registered: false,
@@ -670,16 +693,18 @@ impl HeartbeatLoop {
                 self.release_all().await;
                 return;
             }
+            self.tick().await;
+            // After the tick, and briefly: a slow subscribe must never delay a
+            // renewal. Without a feed, the snapshot read of every tick still
+            // finds every change.
             if feed.is_none() {
-                match tokio::time::timeout(self.shared.op_timeout, self.shared.store.subscribe())
-                    .await
-                {
+                let limit = self.shared.tick_every.min(Duration::from_secs(1));
+                match tokio::time::timeout(limit, self.shared.store.subscribe()).await {
                     Ok(Ok(f)) => feed = Some(f),
-                    Ok(Err(e)) => self.store_failed("subscribe", &e.to_string()),
-                    Err(_) => self.store_failed("subscribe", "timed out"),
+                    Ok(Err(e)) => tracing::debug!(error = %e, "change feed unavailable; polling"),
+                    Err(_) => tracing::debug!("change feed subscribe timed out; polling"),
                 }
             }
-            self.tick().await;
 
             let now = Instant::now();
             let mut next = now + self.shared.tick_every;
@@ -689,12 +714,11 @@ impl HeartbeatLoop {
             }
             if self.shared.candidate.load(Ordering::Acquire) {
                 for r in &self.roles {
+                    // Wake at a held-elsewhere role's observed expiry (crash takeover),
+                    // and at a held term's deadline (tiny timings, a slow tick).
                     if r.held.is_none() && r.next_attempt > now && r.next_attempt < next {
                         next = r.next_attempt;
                     }
-                    // Renew no later than one renew interval after the last send is
-                    // already covered by `tick_every`; a held term whose deadline comes
-                    // first (tiny timings) is also a reason to wake.
                     if let Some(h) = r.held {
                         if h.held_until < next {
                             next = h.held_until;
@@ -708,6 +732,7 @@ impl HeartbeatLoop {
                 _ = self.shared.wake.notified() => {}
                 notice = recv_feed(&mut feed) => {
                     if notice.is_none() {
+                        // The feed ended (connection lost): poll, and subscribe anew.
                         feed = None;
                     }
                     let since = last_notice_tick.elapsed();
@@ -720,11 +745,20 @@ impl HeartbeatLoop {
         }
     }
 
-    fn store_failed(&mut self, what: &str, error: &str) {
+    fn store_failed(&mut self, what: &'static str, error: &StoreError) {
+        if matches!(error, StoreError::Schema(_)) {
+            // The table may have been recreated: register the rows again.
+            self.registered = false;
+        }
+        self.store_failed_msg(what, &error.to_string());
+    }
+
+    fn store_failed_msg(&mut self, what: &'static str, error: &str) {
         self.shared
             .counters
             .store_errors
             .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(telemetry::STORE_ERRORS, "op" => what).increment(1);
         self.store_ok = false;
         let now = Instant::now();
         // One warning per second at most while the store is down.
@@ -737,27 +771,39 @@ impl HeartbeatLoop {
         }
     }
 
+    fn record_latency(op: &'static str, since: Instant) {
+        metrics::histogram!(telemetry::STORE_LATENCY, "op" => op)
+            .record(since.elapsed().as_secs_f64());
+    }
+
     /// Ends terms whose local deadline has passed.
     fn expire_local(&mut self, now: Instant) {
         for i in 0..self.roles.len() {
-            if let Some(h) = self.roles[i].held {
-                if h.held_until <= now {
-                    self.end_term(i, h.held_until);
-                }
+            if self.roles[i].held.is_some_and(|h| h.held_until <= now) {
+                self.end_term(i);
             }
         }
     }
 
-    fn end_term(&mut self, i: usize, end: Instant) {
+    /// Ends local belief in a term. Readers keep seeing the last published
+    /// snapshot until the next publish, so the interval's end is recorded
+    /// then: the earlier of the deadline and the moment the new snapshot is
+    /// stored.
+    fn end_term(&mut self, i: usize) {
         if let Some(h) = self.roles[i].held.take() {
             self.roles[i].next_attempt = Instant::now();
-            if let (Some(hook), true) = (&self.shared.hook, h.published) {
-                hook(LeaseEvent::Ended {
-                    instance: self.shared.instance_id.clone(),
-                    role: self.shared.roles[i].name.clone(),
-                    token: h.token,
-                    at: end.max(h.started),
-                });
+            if h.published {
+                self.ended.push((i, h));
+            }
+        }
+    }
+
+    fn emit(&self, event: LeaseEvent) {
+        if let Some(hook) = &self.shared.hook {
+            // A panicking hook must not stop the heartbeat loop.
+            let call = std::panic::AssertUnwindSafe(|| hook(event));
+            if std::panic::catch_unwind(call).is_err() {
+                tracing::error!("lease event hook panicked");
             }
         }
     }
@@ -766,15 +812,17 @@ impl HeartbeatLoop {
         self.shared.counters.ticks.fetch_add(1, Ordering::Relaxed);
         let shared = self.shared.clone();
         if !self.registered {
-            match tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names))
-                .await
-            {
+            let t_sent = Instant::now();
+            let result =
+                tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names)).await;
+            Self::record_latency("register", t_sent);
+            match result {
                 Ok(Ok(())) => {
                     self.registered = true;
                     self.registered_ticks = 0;
                 }
-                Ok(Err(e)) => self.store_failed("register", &e.to_string()),
-                Err(_) => self.store_failed("register", "timed out"),
+                Ok(Err(e)) => self.store_failed("register", &e),
+                Err(_) => self.store_failed_msg("register", "timed out"),
             }
             if !self.registered {
                 self.expire_local(Instant::now());
@@ -787,15 +835,13 @@ impl HeartbeatLoop {
         // Read first, so a role freed since the last tick (a notification woke
         // us) is claimed in this same tick.
         self.read_snapshot().await;
-        let candidate = shared.candidate.load(Ordering::Acquire);
-        if !candidate {
-            self.release_all().await;
-        } else {
+        if shared.candidate.load(Ordering::Acquire) {
             self.claim().await;
+        } else {
+            self.release_all().await;
         }
         self.publish();
-        let calls = self.calls_this_tick;
-        self.calls_this_tick = 0;
+        let calls = std::mem::take(&mut self.calls_this_tick);
         if self.registered_ticks > 0 {
             shared
                 .counters
@@ -807,12 +853,17 @@ impl HeartbeatLoop {
 
     async fn claim(&mut self) {
         let shared = self.shared.clone();
+        // A term whose deadline passed during the snapshot read is over: never
+        // revive it with its old token.
         let now = Instant::now();
+        self.expire_local(now);
+        // A draining instance keeps what it holds but takes nothing new.
+        let draining = shared.draining.load(Ordering::Acquire);
         let mut claims = Vec::new();
         let mut which = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
             let held_token = r.held.map(|h| h.token);
-            if held_token.is_some() || r.next_attempt <= now {
+            if held_token.is_some() || (!draining && r.next_attempt <= now) {
                 claims.push(Claim {
                     role: shared.roles[i].name.to_string(),
                     held_token,
@@ -835,25 +886,30 @@ impl HeartbeatLoop {
         let result =
             tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
         let t_recv = Instant::now();
+        Self::record_latency("claim", t_sent);
         let grants = match result {
             Ok(Ok(grants)) => grants,
-            Ok(Err(e)) => return self.store_failed("claim", &e.to_string()),
-            Err(_) => return self.store_failed("claim", "timed out"),
+            Ok(Err(e)) => return self.store_failed("claim", &e),
+            Err(_) => return self.store_failed_msg("claim", "timed out"),
         };
         self.store_ok = true;
         let granted: HashMap<&str, u64> =
             grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
+        let mut tally = OpTally::default();
         for &i in &which {
             let meta = &shared.roles[i];
+            let renewing = self.roles[i].held.is_some();
             let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
             match granted.get(&*meta.name) {
                 Some(&token) if t_recv < deadline => {
+                    tally.add(renewing, "granted");
                     match self.roles[i].held {
                         Some(ref mut h) if h.token == token => h.held_until = deadline,
                         _ => {
-                            // A new term. If an older one was still believed, it ends now.
-                            self.end_term(i, t_recv);
+                            // A new term. An older one still believed ends with this publish.
+                            self.end_term(i);
                             shared.counters.term_changes.fetch_add(1, Ordering::Relaxed);
+                            metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string()).increment(1);
                             self.roles[i].held = Some(HeldTerm {
                                 token,
                                 held_until: deadline,
@@ -872,25 +928,31 @@ impl HeartbeatLoop {
                 }
                 Some(&token) => {
                     // Late: the grant may already be unsafe to act on. Abandon the term;
-                    // the next claim asks for a fresh one.
+                    // the next claim asks for a fresh one (the store still names this
+                    // instance, so it is granted at once).
                     shared
                         .counters
                         .late_responses
                         .fetch_add(1, Ordering::Relaxed);
+                    tally.add(renewing, "late");
                     tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
-                    self.end_term(
-                        i,
-                        t_recv.min(self.roles[i].held.map_or(t_recv, |h| h.held_until)),
-                    );
+                    self.end_term(i);
+                    self.roles[i].state.token = token;
+                    self.roles[i].state.holder = Some(shared.instance_id.clone());
                 }
                 None => {
-                    if self.roles[i].held.is_some() {
-                        tracing::warn!(role = %meta.name, "renewal refused by the store; role lost");
-                        self.end_term(i, t_recv);
+                    // A denied renewal extends nothing, but the last grant's deadline
+                    // still stands: the store keeps that term at least that long. So a
+                    // row briefly locked by another claimer costs a renewal, not the
+                    // role. A newer term elsewhere shows in the next snapshot read.
+                    tally.add(renewing, "denied");
+                    if renewing {
+                        tracing::debug!(role = %meta.name, "renewal not applied this tick; keeping the current deadline");
                     }
                 }
             }
         }
+        tally.emit();
     }
 
     async fn read_snapshot(&mut self) {
@@ -900,26 +962,38 @@ impl HeartbeatLoop {
             .snapshot_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
+        let t_sent = Instant::now();
         let result =
             tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
         let t_recv = Instant::now();
+        Self::record_latency("snapshot", t_sent);
         let records = match result {
             Ok(Ok(records)) => records,
-            Ok(Err(e)) => return self.store_failed("snapshot", &e.to_string()),
-            Err(_) => return self.store_failed("snapshot", "timed out"),
+            Ok(Err(e)) => return self.store_failed("snapshot", &e),
+            Err(_) => return self.store_failed_msg("snapshot", "timed out"),
         };
         self.store_ok = true;
         self.loaded = true;
+        if records.len() < shared.names.len() {
+            // Rows vanished (a restored or new database): register them again.
+            tracing::warn!(
+                found = records.len(),
+                expected = shared.names.len(),
+                "lease rows missing from the store; registering them again"
+            );
+            self.registered = false;
+        }
         for rec in records {
             let Some(&i) = shared.index.get(rec.role.as_str()) else {
                 continue;
             };
             let mine = rec.holder.as_deref() == Some(shared.instance.id.as_str());
-            let r = &mut self.roles[i];
-            if let Some(h) = r.held {
-                if rec.token > h.token {
-                    // Someone holds a newer term: ours is over whatever the deadline says.
-                    self.end_term(i, t_recv);
+            if let Some(h) = self.roles[i].held {
+                if rec.token != h.token || !mine {
+                    // The store no longer shows our term (a newer term, a release, a
+                    // rollback): it is over, whatever the deadline says.
+                    tracing::warn!(role = %rec.role, token = h.token, store_token = rec.token, "the store no longer shows this instance's term; role lost");
+                    self.end_term(i);
                 }
             }
             let r = &mut self.roles[i];
@@ -940,24 +1014,32 @@ impl HeartbeatLoop {
 
     fn publish(&mut self) {
         let now = Instant::now();
+        let mut began = Vec::new();
         // A term's interval starts when readers can first see it: now, just
         // before the store below.
-        for r in &mut self.roles {
+        for (i, r) in self.roles.iter_mut().enumerate() {
+            let held = r.held.is_some();
+            if r.gauge_held != Some(held) {
+                r.gauge_held = Some(held);
+                metrics::gauge!(telemetry::LEASE_HELD, "role" => r.state.name.to_string())
+                    .set(if held { 1.0 } else { 0.0 });
+            }
             if let Some(h) = &mut r.held {
                 if !h.published {
                     h.started = now;
                     h.published = true;
-                    if let Some(hook) = &self.shared.hook {
-                        hook(LeaseEvent::Began {
-                            instance: self.shared.instance_id.clone(),
-                            role: r.state.name.clone(),
-                            token: h.token,
-                            at: now,
-                            until: h.held_until,
-                        });
-                    }
+                    began.push((i, *h));
                 }
             }
+        }
+        for (i, h) in began {
+            self.emit(LeaseEvent::Began {
+                instance: self.shared.instance_id.clone(),
+                role: self.roles[i].state.name.clone(),
+                token: h.token,
+                at: now,
+                until: h.held_until,
+            });
         }
         let snapshot = HolderSnapshot {
             roles: self
@@ -975,24 +1057,41 @@ impl HeartbeatLoop {
             draining: self.shared.draining.load(Ordering::Acquire),
         };
         self.shared.snapshot.store(Arc::new(snapshot));
+        // From here no reader can see the ended terms any more.
+        let stored = Instant::now();
+        for (i, h) in std::mem::take(&mut self.ended) {
+            self.emit(LeaseEvent::Ended {
+                instance: self.shared.instance_id.clone(),
+                role: self.roles[i].state.name.clone(),
+                token: h.token,
+                at: h.held_until.min(stored).max(h.started),
+            });
+        }
+        metrics::gauge!(telemetry::READY).set(if self.loaded && self.store_ok {
+            1.0
+        } else {
+            0.0
+        });
         self.published += 1;
         self.shared.published.send_replace(self.published);
     }
 
-    /// Ends local belief first, then releases in one store call.
+    /// Ends local belief first (published), then releases in one store call
+    /// every term this instance holds or that the store still shows as its own.
     async fn release_all(&mut self) {
-        let now = Instant::now();
-        let held: Vec<(String, u64)> = self
-            .roles
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                r.held
-                    .map(|h| (self.shared.roles[i].name.to_string(), h.token))
-            })
-            .collect();
+        let mut held: Vec<(String, u64)> = Vec::new();
+        for (i, r) in self.roles.iter().enumerate() {
+            let name = self.shared.roles[i].name.to_string();
+            if let Some(h) = r.held {
+                held.push((name, h.token));
+            } else if r.state.holder.as_deref() == Some(&*self.shared.instance_id) {
+                // Abandoned (late) or unseen grants the store still gives us; the
+                // store's token check keeps this safe.
+                held.push((name, r.state.token));
+            }
+        }
         for i in 0..self.roles.len() {
-            self.end_term(i, now);
+            self.end_term(i);
         }
         self.publish();
         if held.is_empty() {
@@ -1004,17 +1103,49 @@ impl HeartbeatLoop {
             .release_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
-        match tokio::time::timeout(
+        let t_sent = Instant::now();
+        let result = tokio::time::timeout(
             shared.op_timeout,
             shared.store.release(&shared.instance, &held),
         )
-        .await
-        {
+        .await;
+        Self::record_latency("release", t_sent);
+        match result {
             Ok(Ok(released)) => {
-                tracing::info!(count = released.len(), "released held roles");
+                metrics::counter!(telemetry::LEASE_OPS, "op" => "release", "outcome" => "granted")
+                    .increment(released.len() as u64);
+                for r in &released {
+                    if let Some(&i) = shared.index.get(r.as_str()) {
+                        self.roles[i].state.holder = None;
+                        self.roles[i].state.holder_address = None;
+                        self.roles[i].state.holder_valid_until = None;
+                    }
+                }
+                if !released.is_empty() {
+                    tracing::info!(count = released.len(), "released held roles");
+                }
             }
-            Ok(Err(e)) => self.store_failed("release", &e.to_string()),
-            Err(_) => self.store_failed("release", "timed out"),
+            Ok(Err(e)) => self.store_failed("release", &e),
+            Err(_) => self.store_failed_msg("release", "timed out"),
+        }
+    }
+}
+
+/// Lease operation outcomes of one claim, emitted as a few counter updates.
+#[derive(Default)]
+struct OpTally(HashMap<(&'static str, &'static str), u64>);
+
+impl OpTally {
+    fn add(&mut self, renewing: bool, outcome: &'static str) {
+        *self
+            .0
+            .entry((if renewing { "renew" } else { "acquire" }, outcome))
+            .or_default() += 1;
+    }
+
+    fn emit(self) {
+        for ((op, outcome), n) in self.0 {
+            metrics::counter!(telemetry::LEASE_OPS, "op" => op, "outcome" => outcome).increment(n);
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -106,7 +106,9 @@ impl LeaseStore for MemoryStore {
                     }
                     rec.holder = Some(instance.id.clone());
                     rec.holder_address = Some(instance.address.clone());
-                    rec.expires_at = now + c.duration;
+                    rec.expires_at = now
+                        .checked_add(c.duration)
+                        .unwrap_or(now + Duration::from_secs(86_400 * 365));
                     grants.push(Grant {
                         role: c.role.clone(),
                         token: rec.token,

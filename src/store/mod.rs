@@ -155,7 +155,8 @@ pub(crate) fn check_names(roles: &[String]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Milliseconds, saturating, for SQL parameters.
+/// Milliseconds, rounded up (a store term is never shorter than asked),
+/// saturating, for SQL parameters.
 pub(crate) fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }

@@ -143,7 +143,8 @@ END
 $fn$;
 DO $do$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = '{t}_term_change') THEN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = '{t}_term_change' AND tgrelid = '{t}'::regclass) THEN
         CREATE TRIGGER {t}_term_change AFTER UPDATE ON {t} FOR EACH ROW
         WHEN (NEW.token IS DISTINCT FROM OLD.token OR NEW.holder_id IS DISTINCT FROM OLD.holder_id)
         EXECUTE FUNCTION {t}_notify();
@@ -278,6 +279,8 @@ impl LeaseStore for PostgresStore {
             listener.listen(&self.channel).await.map_err(unavailable)?;
             let (tx, feed) = mpsc::channel(1);
             tokio::spawn(async move {
+                // Any loss of the LISTEN connection ends the feed: the coordinator
+                // polls meanwhile and subscribes anew, so no gap goes unnoticed.
                 loop {
                     tokio::select! {
                         _ = tx.closed() => return,
@@ -285,14 +288,10 @@ impl LeaseStore for PostgresStore {
                             Ok(Some(_)) => {
                                 let _ = tx.try_send(());
                             }
-                            // Connection lost: sqlx reconnects on the next call. Anything
-                            // sent meanwhile is lost, so wake the coordinator to re-read.
-                            Ok(None) => {
-                                let _ = tx.try_send(());
-                            }
+                            Ok(None) => return,
                             Err(e) => {
-                                tracing::debug!(error = %e, "LISTEN connection failed; retrying");
-                                tokio::time::sleep(Duration::from_millis(250)).await;
+                                tracing::debug!(error = %e, "LISTEN connection failed; the feed ends");
+                                return;
                             }
                         }
                     }
