@@ -8,6 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -88,13 +89,40 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
     }
 }
 
-pub fn router(coordinator: Coordinator) -> Router {
+#[derive(Clone)]
+struct AdminState {
+    coordinator: Coordinator,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl axum::extract::FromRef<AdminState> for Coordinator {
+    fn from_ref(s: &AdminState) -> Coordinator {
+        s.coordinator.clone()
+    }
+}
+
+pub fn router(coordinator: Coordinator, metrics: Option<PrometheusHandle>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/leases", get(leases))
+        .route("/metrics", get(render_metrics))
         .route("/", get(status_page))
-        .with_state(coordinator)
+        .with_state(AdminState { coordinator, metrics })
+}
+
+async fn render_metrics(State(s): State<AdminState>) -> Response {
+    let Some(handle) = &s.metrics else {
+        return (StatusCode::NOT_FOUND, "metrics recorder not installed\n").into_response();
+    };
+    let c = &s.coordinator;
+    metrics::gauge!(crate::telemetry::READY).set(if c.is_ready() { 1.0 } else { 0.0 });
+    metrics::gauge!(crate::telemetry::CANDIDATE).set(if c.is_candidate() { 1.0 } else { 0.0 });
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        handle.render(),
+    )
+        .into_response()
 }
 
 async fn readyz(State(c): State<Coordinator>) -> Response {
@@ -187,9 +215,10 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
 pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
+    metrics: Option<PrometheusHandle>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let app = router(coordinator);
+    let app = router(coordinator, metrics);
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             let _ = stop.wait_for(|s| *s).await;

@@ -28,6 +28,8 @@ use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{Problem, Reason};
 use crate::proxy::routes::RouteTable;
 use crate::proxy::{ForwardError, Forwarder, KeyExtractor};
+use crate::telemetry::{self, TrackedBody};
+use http_body::Body as _;
 
 /// Largest request head (request line + headers) accepted; larger gets 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -87,36 +89,32 @@ impl GatewayState {
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
         let mut req = req.map(Body::new);
         if !req.uri().path().starts_with('/') {
-            return self
-                .settings
-                .reject(Problem::new(
-                    Reason::BadRequest,
-                    "the request target must be a path starting with /",
-                ))
-                .0;
+            let problem = Problem::new(Reason::BadRequest, "the request target must be a path starting with /");
+            let (resp, outcome) = self.settings.reject(problem);
+            return finish(resp, outcome);
         }
         let Some(target) = self.routes.find(req.uri().path()) else {
-            return self.to_upstream(req, client, None).await.0;
+            let (resp, outcome) = self.to_upstream(req, client, None).await;
+            return finish(resp, outcome);
         };
         let forwarded = self.settings.take_hop(&mut req);
         let (resp, outcome) = match target.decide(req.uri(), req.headers(), forwarded) {
-            Decision::Local(lease) => {
-                self.to_upstream(req, client, Some((lease.role, lease.token)))
-                    .await
-            }
+            Decision::Local(lease) => self.to_upstream(req, client, Some((lease.role, lease.token))).await,
             Decision::Forward { address, role } => {
-                self.settings
-                    .forward_to_holder(req, Some(client), &address, role, target.partition_label())
-                    .await
+                let started = std::time::Instant::now();
+                let partition = target.partition_label();
+                let answer = self
+                    .settings
+                    .forward_to_holder(req, Some(client), &address, role, partition)
+                    .await;
+                metrics::histogram!(telemetry::FORWARD_LATENCY, "target" => "holder")
+                    .record(started.elapsed().as_secs_f64());
+                answer
             }
             Decision::Reject(p) => self.settings.reject(p),
         };
-        tracing::debug!(
-            ?outcome,
-            status = resp.status().as_u16(),
-            "role route answered"
-        );
-        resp
+        tracing::debug!(?outcome, status = resp.status().as_u16(), "role route answered");
+        finish(resp, outcome)
     }
 
     async fn to_upstream(
@@ -132,13 +130,16 @@ impl GatewayState {
                 if let Ok(v) = http::HeaderValue::from_str(role) {
                     req.headers_mut().insert(ROLE, v);
                 }
-                req.headers_mut()
-                    .insert(TOKEN, http::HeaderValue::from(*token));
+                req.headers_mut().insert(TOKEN, http::HeaderValue::from(*token));
                 Outcome::Local
             }
             None => Outcome::Passthrough,
         };
-        match self.settings.forwarder.proxy(req, &self.upstream).await {
+        let started = std::time::Instant::now();
+        let answer = self.settings.forwarder.proxy(req, &self.upstream).await;
+        metrics::histogram!(telemetry::FORWARD_LATENCY, "target" => "upstream")
+            .record(started.elapsed().as_secs_f64());
+        match answer {
             Ok(resp) => (resp, outcome),
             Err(e) => {
                 let reason = match e {
@@ -146,12 +147,27 @@ impl GatewayState {
                     _ => Reason::UpstreamUnreachable,
                 };
                 tracing::warn!(upstream = %self.upstream, error = %e, "upstream request failed");
-                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream))
-                    .role(lease.map(|(r, _)| r));
+                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream)).role(lease.map(|(r, _)| r));
                 self.settings.reject(p)
             }
         }
     }
+}
+
+/// Counts the outcome and tracks the body while it streams.
+fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+    let label = match outcome {
+        Outcome::Local => "local",
+        Outcome::Forwarded => "forwarded",
+        Outcome::Passthrough => "passthrough",
+        Outcome::Rejected(Reason::MissingKey | Reason::BadRequest) => "bad_request",
+        Outcome::Rejected(r) => r.as_str(),
+    };
+    metrics::counter!(telemetry::PROXY_REQUESTS, "outcome" => label).increment(1);
+    if resp.body().is_end_stream() {
+        return resp;
+    }
+    resp.map(TrackedBody::wrap)
 }
 
 /// Open connections, so shutdown can wait for them to finish.
@@ -321,13 +337,25 @@ async fn run_config(config: Config) -> Result<(), String> {
         "rolegate gateway started"
     );
 
+    let metrics = match telemetry::install() {
+        Ok(handle) => Some(handle),
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+            None
+        }
+    };
+    metrics::gauge!(telemetry::CANDIDATE).set(1.0);
+    if let Some(upstream) = &config.upstream {
+        if let Some(health) = upstream.health.clone() {
+            let probe = Forwarder::new(config.proxy.connect_timeout, config.proxy.response_header_timeout)
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(watch_health(coordinator.clone(), probe, upstream.url.clone(), health));
+        }
+    }
+
     let tracker = ConnectionTracker::default();
     let admin_stop = watch::channel(false);
-    let admin_task = tokio::spawn(crate::admin::serve(
-        admin,
-        coordinator.clone(),
-        admin_stop.1,
-    ));
+    let admin_task = tokio::spawn(crate::admin::serve(admin, coordinator.clone(), metrics, admin_stop.1));
     let server = tokio::spawn(serve(listener, state, tracker.clone()));
 
     shutdown_signal().await;
@@ -352,6 +380,36 @@ async fn run_config(config: Config) -> Result<(), String> {
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
     Ok(())
+}
+
+/// Candidacy follows the app's health: after `unhealthy_after` consecutive
+/// failed probes this instance releases its roles and stops contending; the
+/// first good probe after that makes it contend again.
+async fn watch_health(coordinator: Coordinator, probe: Forwarder, upstream: String, health: crate::config::HealthConfig) {
+    let url = format!("{upstream}{}", health.path);
+    let timeout = health.interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let mut failures = 0u32;
+    let mut ticker = tokio::time::interval(health.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let ok = probe.probe(&url, timeout).await;
+        metrics::counter!(telemetry::HEALTH_PROBES, "outcome" => if ok { "ok" } else { "fail" }).increment(1);
+        if ok {
+            failures = 0;
+            if !coordinator.is_candidate() {
+                tracing::info!(%url, "upstream healthy again; contending for roles");
+                coordinator.set_candidate(true);
+            }
+        } else {
+            failures = failures.saturating_add(1);
+            if coordinator.is_candidate() && failures >= health.unhealthy_after {
+                tracing::warn!(%url, failures, "upstream unhealthy; releasing roles and not contending");
+                coordinator.set_candidate(false);
+            }
+        }
+        metrics::gauge!(telemetry::CANDIDATE).set(if coordinator.is_candidate() { 1.0 } else { 0.0 });
+    }
 }
 
 /// Resolves once the flag turns true (the guard is dropped before returning).

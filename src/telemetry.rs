@@ -2,9 +2,6 @@
 //! binary installs. The library emits through the `metrics` facade; without
 //! a recorder installed, emitting costs next to nothing.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Gauge per role: 1 while held here.
@@ -76,20 +73,52 @@ fn describe() {
 #[derive(Debug)]
 pub struct OpenGuard {
     name: &'static str,
-    count: Arc<AtomicU64>,
 }
 
 impl OpenGuard {
-    pub fn new(name: &'static str, count: Arc<AtomicU64>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
+    pub fn new(name: &'static str) -> Self {
         metrics::gauge!(name).increment(1.0);
-        Self { name, count }
+        Self { name }
     }
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        self.count.fetch_sub(1, Ordering::Relaxed);
         metrics::gauge!(self.name).decrement(1.0);
+    }
+}
+
+/// A response body counted in `rolegate_open_streams` until it ends or is dropped.
+pub struct TrackedBody {
+    inner: axum::body::Body,
+    _open: OpenGuard,
+}
+
+impl TrackedBody {
+    pub fn wrap(inner: axum::body::Body) -> axum::body::Body {
+        axum::body::Body::new(TrackedBody {
+            inner,
+            _open: OpenGuard::new(OPEN_STREAMS),
+        })
+    }
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }

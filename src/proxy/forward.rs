@@ -3,7 +3,6 @@
 //! (WebSocket) bridged by copying bytes both ways. No retries, no queues.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,18 +33,11 @@ pub enum ForwardError {
     Tls(String),
 }
 
-/// Counters of open streamed bodies and upgraded connections.
-#[derive(Debug, Default)]
-pub struct StreamCounters {
-    pub open_upgrades: AtomicU64,
-}
-
 /// The pooled client every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     response_header_timeout: Duration,
-    pub counters: Arc<StreamCounters>,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -79,8 +71,24 @@ impl Forwarder {
         Ok(Self {
             client,
             response_header_timeout,
-            counters: Arc::new(StreamCounters::default()),
         })
+    }
+
+    /// A GET of `url`: true for a 2xx answer within `timeout` (health probes).
+    pub async fn probe(&self, url: &str, timeout: Duration) -> bool {
+        let Ok(uri) = url.parse::<Uri>() else { return false };
+        let Ok(req) = Request::get(uri).header(header::USER_AGENT, "rolegate-health").body(Body::empty()) else {
+            return false;
+        };
+        let answer = tokio::time::timeout(timeout, async {
+            let resp = self.client.request(req).await.ok()?;
+            let ok = resp.status().is_success();
+            // Drain the body so the connection returns to the pool.
+            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+            Some(ok)
+        })
+        .await;
+        matches!(answer, Ok(Some(true)))
     }
 
     /// Sends `req` (headers already prepared) to `base` + its path and query,
@@ -127,7 +135,6 @@ impl Forwarder {
                 ));
             };
             let peer_side = hyper::upgrade::on(&mut resp);
-            let counters = self.counters.clone();
             tokio::spawn(async move {
                 let (client, peer) = match tokio::try_join!(client_side, peer_side) {
                     Ok(pair) => pair,
@@ -136,11 +143,10 @@ impl Forwarder {
                         return;
                     }
                 };
-                counters.open_upgrades.fetch_add(1, Ordering::Relaxed);
+                let _open = crate::telemetry::OpenGuard::new(crate::telemetry::OPEN_UPGRADES);
                 let mut client = TokioIo::new(client);
                 let mut peer = TokioIo::new(peer);
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut peer).await;
-                counters.open_upgrades.fetch_sub(1, Ordering::Relaxed);
             });
             strip_hop_by_hop(resp.headers_mut(), true);
         } else {
