@@ -41,6 +41,26 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A local cluster: three gateways and three demo apps on the embedded store.
+    Demo {
+        /// First public port (admin ports at +10, apps at +20); 0 picks free ports.
+        #[arg(long, default_value_t = 8081)]
+        base_port: u16,
+        /// Store kind for the demo cluster.
+        #[arg(long, default_value = "sqlite")]
+        store: String,
+        /// Store URL (needed for every store but sqlite).
+        #[arg(long)]
+        store_url: Option<String>,
+    },
+    /// The demo's app (used by `demo`).
+    #[command(hide = true)]
+    DemoApp {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        name: String,
+    },
     /// Which partition role a key maps to.
     Resolve {
         partition: String,

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod gateway;
 pub mod identity;
 pub mod lease;

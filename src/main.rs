@@ -29,6 +29,19 @@ fn main() -> ExitCode {
                 key,
                 scope,
             } => cli::resolve(&args.config, &partition, &key, scope.as_deref()),
+            Command::Demo {
+                base_port,
+                store,
+                store_url,
+            } => {
+                let options = rolegate::demo::DemoOptions {
+                    base_port,
+                    store,
+                    store_url,
+                };
+                rolegate::demo::run(options).await
+            }
+            Command::DemoApp { port, name } => rolegate::demo::run_app(port, name).await,
         }
     })
 }
