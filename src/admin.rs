@@ -108,7 +108,10 @@ pub fn router(coordinator: Coordinator, metrics: Option<PrometheusHandle>) -> Ro
         .route("/leases", get(leases))
         .route("/metrics", get(render_metrics))
         .route("/", get(status_page))
-        .with_state(AdminState { coordinator, metrics })
+        .with_state(AdminState {
+            coordinator,
+            metrics,
+        })
 }
 
 async fn render_metrics(State(s): State<AdminState>) -> Response {
@@ -119,7 +122,10 @@ async fn render_metrics(State(s): State<AdminState>) -> Response {
     metrics::gauge!(crate::telemetry::READY).set(if c.is_ready() { 1.0 } else { 0.0 });
     metrics::gauge!(crate::telemetry::CANDIDATE).set(if c.is_candidate() { 1.0 } else { 0.0 });
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         handle.render(),
     )
         .into_response()

@@ -39,7 +39,11 @@ struct Node {
 }
 
 fn free_port() -> Option<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok().map(|a| a.port())
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()
+        .map(|a| a.port())
 }
 
 fn port_free(port: u16) -> bool {
@@ -114,7 +118,8 @@ shutdown:
 
 fn spawn(args: &[&str], log: &Path) -> Result<Child, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let log = std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+    let log =
+        std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
     Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
@@ -126,7 +131,9 @@ fn spawn(args: &[&str], log: &Path) -> Result<Child, String> {
 
 fn terminate(child: &mut Child) {
     if let Ok(None) = child.try_wait() {
-        let _ = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
     }
 }
 
@@ -182,7 +189,10 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     let ports = pick_ports(options.base_port)?;
     let (store_kind, store_url) = match (options.store.as_str(), &options.store_url) {
-        ("sqlite", None) => ("sqlite".to_string(), format!("sqlite://{}/leases.db", dir.display())),
+        ("sqlite", None) => (
+            "sqlite".to_string(),
+            format!("sqlite://{}/leases.db", dir.display()),
+        ),
         (kind, Some(url)) => (kind.to_string(), url.clone()),
         (kind, None) => return Err(format!("--store {kind} needs --store-url")),
     };
@@ -196,11 +206,18 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
             app_child: None,
         });
     }
-    let probe = Forwarder::new(Duration::from_millis(500), Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    let probe = Forwarder::new(Duration::from_millis(500), Duration::from_secs(2))
+        .map_err(|e| e.to_string())?;
     for n in nodes.iter_mut() {
         let port = n.app.to_string();
         n.app_child = Some(spawn(
-            &["demo-app", "--port", &port, "--name", &n.name.replace("gw", "app")],
+            &[
+                "demo-app",
+                "--port",
+                &port,
+                "--name",
+                &n.name.replace("gw", "app"),
+            ],
             &dir.join(format!("{}-app.log", n.name)),
         )?);
     }
@@ -247,7 +264,10 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
     let pid = |c: &Option<Child>| c.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
     println!("rolegate demo: {INSTANCES} gateways in front of {INSTANCES} demo apps, {store} store, files in {}", dir.display());
     println!();
-    println!("  {:<6} {:<24} {:<26} {:<12} {}", "name", "public URL", "status page", "gateway PID", "app PID");
+    println!(
+        "  {:<6} {:<24} {:<26} {:<12} {}",
+        "name", "public URL", "status page", "gateway PID", "app PID"
+    );
     for n in nodes {
         println!(
             "  {:<6} {:<24} {:<26} {:<12} {}",
@@ -261,8 +281,14 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
     println!();
     println!("Try (any gateway works; the answer says which app ran it):");
     println!("  curl http://127.0.0.1:{}/maintenance/hello", g(1).public);
-    println!("  curl http://127.0.0.1:{}/devices/device-42/status", g(2).public);
-    println!("  curl -N http://127.0.0.1:{}/maintenance/events", g(2).public);
+    println!(
+        "  curl http://127.0.0.1:{}/devices/device-42/status",
+        g(2).public
+    );
+    println!(
+        "  curl -N http://127.0.0.1:{}/maintenance/events",
+        g(2).public
+    );
     println!();
     println!("Watch failover: gw-1 holds `maintenance`. Kill its gateway:");
     println!("  kill -9 {}", pid(&g(0).gateway));
@@ -270,7 +296,10 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
         "then reload http://127.0.0.1:{}/ : another gateway takes the role within about 3 s.",
         g(1).admin
     );
-    println!("Graceful handover instead: kill {} (SIGTERM) hands over at once.", pid(&g(0).gateway));
+    println!(
+        "Graceful handover instead: kill {} (SIGTERM) hands over at once.",
+        pid(&g(0).gateway)
+    );
     println!();
     println!("Ctrl-C stops everything and removes {}.", dir.display());
 }
@@ -305,7 +334,9 @@ pub async fn run_app(port: u16, name: String) -> ExitCode {
     let name: std::sync::Arc<str> = name.into();
     let accept = async {
         loop {
-            let Ok((stream, _)) = listener.accept().await else { continue };
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
             let name = name.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(move |req| {
@@ -330,12 +361,24 @@ fn app_answer(name: &str, req: Request<Incoming>) -> Response<Body> {
     if path == "/healthz" {
         return Response::new(Body::from("ok\n"));
     }
-    let role = req.headers().get("x-rolegate-role").and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let token = req.headers().get("x-rolegate-token").and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let role = req
+        .headers()
+        .get("x-rolegate-role")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let token = req
+        .headers()
+        .get("x-rolegate-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     if path.ends_with("/events") {
         let name = name.to_string();
         let stream = futures_util::stream::unfold(0u64, move |i| {
-            let line = format!("data: {name} event {i} (role {}, token {})\n\n", role.as_deref().unwrap_or("-"), token.as_deref().unwrap_or("-"));
+            let line = format!(
+                "data: {name} event {i} (role {}, token {})\n\n",
+                role.as_deref().unwrap_or("-"),
+                token.as_deref().unwrap_or("-")
+            );
             async move {
                 if i > 0 {
                     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -344,11 +387,16 @@ fn app_answer(name: &str, req: Request<Incoming>) -> Response<Body> {
             }
         });
         let mut resp = Response::new(Body::from_stream(stream));
-        resp.headers_mut().insert("content-type", http::HeaderValue::from_static("text/event-stream"));
+        resp.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("text/event-stream"),
+        );
         return resp;
     }
     let body = match (role, token) {
-        (Some(role), Some(token)) => format!("{name} handled {path} as holder of {role} (token {token})\n"),
+        (Some(role), Some(token)) => {
+            format!("{name} handled {path} as holder of {role} (token {token})\n")
+        }
         _ => format!("{name} handled {path} (no role)\n"),
     };
     Response::new(Body::from(body))

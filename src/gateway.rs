@@ -89,7 +89,10 @@ impl GatewayState {
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
         let mut req = req.map(Body::new);
         if !req.uri().path().starts_with('/') {
-            let problem = Problem::new(Reason::BadRequest, "the request target must be a path starting with /");
+            let problem = Problem::new(
+                Reason::BadRequest,
+                "the request target must be a path starting with /",
+            );
             let (resp, outcome) = self.settings.reject(problem);
             return finish(resp, outcome);
         }
@@ -99,7 +102,10 @@ impl GatewayState {
         };
         let forwarded = self.settings.take_hop(&mut req);
         let (resp, outcome) = match target.decide(req.uri(), req.headers(), forwarded) {
-            Decision::Local(lease) => self.to_upstream(req, client, Some((lease.role, lease.token))).await,
+            Decision::Local(lease) => {
+                self.to_upstream(req, client, Some((lease.role, lease.token)))
+                    .await
+            }
             Decision::Forward { address, role } => {
                 let started = std::time::Instant::now();
                 let partition = target.partition_label();
@@ -113,7 +119,11 @@ impl GatewayState {
             }
             Decision::Reject(p) => self.settings.reject(p),
         };
-        tracing::debug!(?outcome, status = resp.status().as_u16(), "role route answered");
+        tracing::debug!(
+            ?outcome,
+            status = resp.status().as_u16(),
+            "role route answered"
+        );
         finish(resp, outcome)
     }
 
@@ -130,7 +140,8 @@ impl GatewayState {
                 if let Ok(v) = http::HeaderValue::from_str(role) {
                     req.headers_mut().insert(ROLE, v);
                 }
-                req.headers_mut().insert(TOKEN, http::HeaderValue::from(*token));
+                req.headers_mut()
+                    .insert(TOKEN, http::HeaderValue::from(*token));
                 Outcome::Local
             }
             None => Outcome::Passthrough,
@@ -147,7 +158,8 @@ impl GatewayState {
                     _ => Reason::UpstreamUnreachable,
                 };
                 tracing::warn!(upstream = %self.upstream, error = %e, "upstream request failed");
-                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream)).role(lease.map(|(r, _)| r));
+                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream))
+                    .role(lease.map(|(r, _)| r));
                 self.settings.reject(p)
             }
         }
@@ -347,15 +359,28 @@ async fn run_config(config: Config) -> Result<(), String> {
     metrics::gauge!(telemetry::CANDIDATE).set(1.0);
     if let Some(upstream) = &config.upstream {
         if let Some(health) = upstream.health.clone() {
-            let probe = Forwarder::new(config.proxy.connect_timeout, config.proxy.response_header_timeout)
-                .map_err(|e| e.to_string())?;
-            tokio::spawn(watch_health(coordinator.clone(), probe, upstream.url.clone(), health));
+            let probe = Forwarder::new(
+                config.proxy.connect_timeout,
+                config.proxy.response_header_timeout,
+            )
+            .map_err(|e| e.to_string())?;
+            tokio::spawn(watch_health(
+                coordinator.clone(),
+                probe,
+                upstream.url.clone(),
+                health,
+            ));
         }
     }
 
     let tracker = ConnectionTracker::default();
     let admin_stop = watch::channel(false);
-    let admin_task = tokio::spawn(crate::admin::serve(admin, coordinator.clone(), metrics, admin_stop.1));
+    let admin_task = tokio::spawn(crate::admin::serve(
+        admin,
+        coordinator.clone(),
+        metrics,
+        admin_stop.1,
+    ));
     let server = tokio::spawn(serve(listener, state, tracker.clone()));
 
     shutdown_signal().await;
@@ -385,16 +410,24 @@ async fn run_config(config: Config) -> Result<(), String> {
 /// Candidacy follows the app's health: after `unhealthy_after` consecutive
 /// failed probes this instance releases its roles and stops contending; the
 /// first good probe after that makes it contend again.
-async fn watch_health(coordinator: Coordinator, probe: Forwarder, upstream: String, health: crate::config::HealthConfig) {
+async fn watch_health(
+    coordinator: Coordinator,
+    probe: Forwarder,
+    upstream: String,
+    health: crate::config::HealthConfig,
+) {
     let url = format!("{upstream}{}", health.path);
-    let timeout = health.interval.clamp(Duration::from_millis(100), Duration::from_secs(2));
+    let timeout = health
+        .interval
+        .clamp(Duration::from_millis(100), Duration::from_secs(2));
     let mut failures = 0u32;
     let mut ticker = tokio::time::interval(health.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
         let ok = probe.probe(&url, timeout).await;
-        metrics::counter!(telemetry::HEALTH_PROBES, "outcome" => if ok { "ok" } else { "fail" }).increment(1);
+        metrics::counter!(telemetry::HEALTH_PROBES, "outcome" => if ok { "ok" } else { "fail" })
+            .increment(1);
         if ok {
             failures = 0;
             if !coordinator.is_candidate() {
@@ -408,7 +441,11 @@ async fn watch_health(coordinator: Coordinator, probe: Forwarder, upstream: Stri
                 coordinator.set_candidate(false);
             }
         }
-        metrics::gauge!(telemetry::CANDIDATE).set(if coordinator.is_candidate() { 1.0 } else { 0.0 });
+        metrics::gauge!(telemetry::CANDIDATE).set(if coordinator.is_candidate() {
+            1.0
+        } else {
+            0.0
+        });
     }
 }
 

@@ -76,8 +76,13 @@ impl Forwarder {
 
     /// A GET of `url`: true for a 2xx answer within `timeout` (health probes).
     pub async fn probe(&self, url: &str, timeout: Duration) -> bool {
-        let Ok(uri) = url.parse::<Uri>() else { return false };
-        let Ok(req) = Request::get(uri).header(header::USER_AGENT, "rolegate-health").body(Body::empty()) else {
+        let Ok(uri) = url.parse::<Uri>() else {
+            return false;
+        };
+        let Ok(req) = Request::get(uri)
+            .header(header::USER_AGENT, "rolegate-health")
+            .body(Body::empty())
+        else {
             return false;
         };
         let answer = tokio::time::timeout(timeout, async {

@@ -38,6 +38,8 @@ struct AppState {
     sse_next: Notify,
     /// Handlers that wait (`/slow`) are released by this.
     release_slow: Notify,
+    /// What `/healthz` answers.
+    healthy: std::sync::atomic::AtomicBool,
 }
 
 /// A small app recording what it executes.
@@ -65,6 +67,7 @@ impl TestApp {
             accepts: AtomicUsize::new(0),
             sse_next: Notify::new(),
             release_slow: Notify::new(),
+            healthy: std::sync::atomic::AtomicBool::new(true),
         });
         let st = state.clone();
         let task = tokio::spawn(async move {
@@ -110,6 +113,10 @@ impl TestApp {
         self.state.sse_next.notify_one();
     }
 
+    pub fn set_healthy(&self, healthy: bool) {
+        self.state.healthy.store(healthy, Ordering::SeqCst);
+    }
+
     pub fn release_slow(&self) {
         self.state.release_slow.notify_waiters();
     }
@@ -124,6 +131,18 @@ fn stream_body(rx: mpsc::Receiver<Bytes>) -> Body {
 
 async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
+    if path == "/healthz" {
+        let ok = st.healthy.load(Ordering::SeqCst);
+        let status = if ok {
+            StatusCode::OK
+        } else {
+            StatusCode::SERVICE_UNAVAILABLE
+        };
+        return Response::builder()
+            .status(status)
+            .body(Body::from("health"))
+            .unwrap();
+    }
     let path_and_query = req
         .uri()
         .path_and_query()
@@ -287,6 +306,10 @@ pub struct ClusterSpec {
     pub lease_yaml: String,
     /// Lines appended under `proxy:` (indented two spaces).
     pub proxy_yaml: String,
+    /// Lines appended under `upstream:` (indented two spaces).
+    pub upstream_yaml: String,
+    /// Whether `start` waits for `/readyz` (else only for `/healthz`).
+    pub wait_ready: bool,
 }
 
 impl ClusterSpec {
@@ -302,6 +325,19 @@ impl ClusterSpec {
             lease_yaml: "lease:\n  duration: 3s\n  renew_interval: 500ms\n  safety_margin: 1s\n"
                 .into(),
             proxy_yaml: String::new(),
+            upstream_yaml: String::new(),
+            wait_ready: true,
+        }
+    }
+
+    /// Gateways on a given PostgreSQL URL.
+    pub fn postgres_at(url: &str, tag: &str) -> Self {
+        Self {
+            store_yaml: format!(
+                "store:\n  kind: postgres\n  url: {url}\n  table: {}\n",
+                super::unique_table(tag)
+            ),
+            ..Self::postgres(tag)
         }
     }
 
@@ -367,8 +403,8 @@ impl GatewayProcess {
         let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let config = format!(
-            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
-            spec.store_yaml, spec.lease_yaml, ROUTES_YAML, spec.extra_yaml, spec.proxy_yaml
+            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
+            spec.upstream_yaml, spec.store_yaml, spec.lease_yaml, ROUTES_YAML, spec.extra_yaml, spec.proxy_yaml
         );
         let path = dir.join("rolegate.yaml");
         std::fs::write(&path, config).unwrap();
@@ -388,8 +424,28 @@ impl GatewayProcess {
             dir,
             n,
         };
-        gw.wait_ready().await;
+        if spec.wait_ready {
+            gw.wait_ready().await;
+        } else {
+            gw.wait_healthy().await;
+        }
         gw
+    }
+
+    /// Waits for `/healthz` (the process is up), not for the store.
+    pub async fn wait_healthy(&self) {
+        let url = format!("{}/healthz", self.admin_url());
+        let start = std::time::Instant::now();
+        while !matches!(get(&url).await, Ok((StatusCode::OK, _, _))) {
+            if start.elapsed() > Duration::from_secs(15) {
+                panic!("gateway {} not up in 15s; log:\n{}", self.n, self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join("rolegate.yaml")
     }
 
     pub async fn wait_ready(&self) {
@@ -418,6 +474,14 @@ impl GatewayProcess {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("gateway.log")).unwrap_or_default()
+    }
+
+    /// True while the process runs (not exited, not a zombie).
+    pub fn child_alive(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
+            .unwrap_or(false)
     }
 
     pub fn pid(&self) -> u32 {

@@ -1,0 +1,304 @@
+//! The command line against real stores: `check-config`, `migrate`,
+//! `status`, `resolve`, `run`, `demo`, and their exit codes
+//! (0 success, 2 usage or config, 1 runtime).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use support::cluster;
+
+fn rolegate(args: &[&str]) -> Output {
+    Command::new(cluster::bin())
+        .args(args)
+        .output()
+        .expect("run rolegate")
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn temp_config(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rolegate-cli-{}", support::unique_table(name)));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("rolegate.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+#[test]
+fn the_example_config_passes_check_config() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml");
+    let o = rolegate(&["check-config", "--config", example]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("maintenance") && out.contains("devices"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_bad_config_is_refused_with_file_line_and_key_and_exit_2() {
+    let p = temp_config(
+        "bad",
+        "roles:\n  - name: a\nroutes:\n  - prefixes: [/x]\n    role: nope\n",
+    );
+    let o = rolegate(&["check-config", "--config", s(&p)]);
+    assert_eq!(code(&o), 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains(&format!("{}:5: routes[0].role:", p.display())),
+        "{err}"
+    );
+    // `run` refuses the same file before starting anything.
+    let o = rolegate(&["run", "--config", s(&p)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    let missing = rolegate(&["check-config", "--config", "/nonexistent/rolegate.yaml"]);
+    assert_eq!(code(&missing), 2);
+    assert!(
+        stderr(&missing).contains("cannot read"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(code(&rolegate(&["--no-such-flag"])), 2);
+    assert_eq!(code(&rolegate(&["resolve"])), 2);
+}
+
+#[test]
+fn run_without_an_upstream_is_a_config_error() {
+    let p = temp_config("noup", "store:\n  kind: memory\nroles:\n  - name: a\n");
+    let o = rolegate(&["run", "--config", s(&p)]);
+    assert_eq!(code(&o), 2);
+    assert!(stderr(&o).contains("upstream.url"), "{}", stderr(&o));
+}
+
+#[test]
+fn resolve_prints_the_partition_role_of_a_key() {
+    let p = temp_config(
+        "resolve",
+        "partitions:\n  - name: devices\n    count: 16\n  - name: actors\n    count: 64\n",
+    );
+    let o = rolegate(&["resolve", "devices", "device-42", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert_eq!(stdout(&o).trim(), "devices:partition-1");
+    let o = rolegate(&[
+        "resolve",
+        "actors",
+        "7",
+        "--scope",
+        "Order",
+        "--config",
+        s(&p),
+    ]);
+    assert_eq!(stdout(&o).trim(), "actors:partition-12");
+    let o = rolegate(&["resolve", "nope", "k", "--config", s(&p)]);
+    assert_eq!(code(&o), 2);
+}
+
+fn pg_config(tag: &str) -> PathBuf {
+    let text = format!(
+        "store:\n  kind: postgres\n  url: {}\n  table: {}\n  migrate: false\nroles:\n  - name: maintenance\npartitions:\n  - name: devices\n    count: 2\n",
+        support::postgres_url(),
+        support::unique_table(tag)
+    );
+    temp_config(tag, &text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_and_status_work_against_postgres() {
+    let p = pg_config("cli_pg");
+    // Before migrating, status says what is wrong and exits 1.
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 1);
+    assert!(stderr(&o).contains("rolegate migrate"), "{}", stderr(&o));
+    let o = rolegate(&["migrate", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = rolegate(&["migrate", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "migrate is idempotent: {}", stderr(&o));
+
+    // A real holder, through the library against the same table.
+    let config = rolegate::Config::load(&p).unwrap();
+    let store = rolegate::store::open(&config.store).await.unwrap();
+    let c = rolegate::CoordinatorBuilder::from_config(&config, store)
+        .advertise("http://127.0.0.1:9")
+        .start()
+        .unwrap();
+    support::wait_for("held", Duration::from_secs(5), || {
+        c.role("maintenance").unwrap().is_held()
+    })
+    .await;
+
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let table = stdout(&o);
+    let lines: Vec<&str> = table.lines().collect();
+    assert!(
+        lines[0].starts_with("ROLE") && lines[0].contains("HOLDER") && lines[0].contains("TOKEN"),
+        "{table}"
+    );
+    assert_eq!(lines.len(), 4, "header + 3 roles: {table}");
+    let row = lines.iter().find(|l| l.starts_with("maintenance")).unwrap();
+    assert!(row.contains(c.instance_id()), "{table}");
+    // Columns are aligned: every line has the HOLDER column at the same offset.
+    let col = lines[0].find("HOLDER").unwrap();
+    for l in &lines[1..] {
+        assert_eq!(l.as_bytes()[col - 1], b' ', "{table}");
+    }
+    let o = rolegate(&["status", "--json", "--config", s(&p)]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let m = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == "maintenance")
+        .unwrap();
+    assert_eq!(m["holder"], c.instance_id());
+    assert!(m["token"].as_u64().unwrap() >= 1);
+    c.shutdown().await;
+}
+
+#[test]
+fn an_unreachable_store_is_a_runtime_error() {
+    let p = temp_config(
+        "down",
+        &format!(
+            "store:\n  kind: postgres\n  url: postgres://postgres@127.0.0.1:{}/postgres\nroles:\n  - name: a\n",
+            support::free_port()
+        ),
+    );
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+    let o = rolegate(&["migrate", "--config", s(&p)]);
+    assert_eq!(code(&o), 1, "{}", stderr(&o));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_starts_answers_its_printed_commands_and_stops_cleanly_on_sigint() {
+    let mut child = Command::new(cluster::bin())
+        .args(["demo", "--base-port", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut printed = Vec::new();
+    let start = Instant::now();
+    while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "demo did not print its guide: {printed:?}"
+        );
+        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
+            printed.push(line);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("demo exited early ({status}): {printed:?}");
+        }
+    }
+    let dir = printed[0]
+        .rsplit("files in ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(Path::new(&dir).exists());
+    let urls: Vec<String> = printed
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("curl "))
+        .map(|rest| rest.trim_start_matches("-N ").to_string())
+        .collect();
+    assert_eq!(urls.len(), 3, "{printed:?}");
+    for url in &urls[..2] {
+        let (status, _, body) = cluster::get(url).await.unwrap();
+        assert_eq!(status, http::StatusCode::OK, "{url}");
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.contains("as holder of"), "{url}: {body}");
+    }
+    // The SSE command streams events.
+    let resp = cluster::send(
+        http::Request::get(&urls[2])
+            .body(axum::body::Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut body = resp.into_body();
+    let frame = tokio::time::timeout(
+        Duration::from_secs(5),
+        http_body_util::BodyExt::frame(&mut body),
+    )
+    .await
+    .unwrap()
+    .unwrap()
+    .unwrap();
+    assert!(String::from_utf8_lossy(&frame.into_data().unwrap()).starts_with("data: app-1 event 0"));
+    drop(body);
+    // The printed PID is a real gateway process.
+    let kill_line = printed
+        .iter()
+        .find(|l| l.trim().starts_with("kill -9 "))
+        .unwrap();
+    let pid: u32 = kill_line
+        .trim()
+        .trim_start_matches("kill -9 ")
+        .parse()
+        .unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "demo did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+    assert!(!Path::new(&dir).exists(), "{dir} removed");
+    let gone = Instant::now();
+    while Path::new(&format!("/proc/{pid}")).exists() {
+        // Reaped by the demo: the /proc entry disappears.
+        assert!(
+            gone.elapsed() < Duration::from_secs(5),
+            "gateway {pid} left running"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

@@ -1,0 +1,346 @@
+//! What an operator relies on: readiness that follows the store, metrics that
+//! move with traffic, `/leases` and the status page matching the store, and
+//! candidacy that follows the app's health. Real gateway processes, real
+//! PostgreSQL.
+
+mod support;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Body;
+use http::{Request, StatusCode};
+use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
+
+async fn readyz(gw: &GatewayProcess) -> StatusCode {
+    cluster::get(&format!("{}/readyz", gw.admin_url()))
+        .await
+        .map(|r| r.0)
+        .unwrap_or(StatusCode::BAD_GATEWAY)
+}
+
+async fn wait_readyz(gw: &GatewayProcess, want: StatusCode, limit: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        if readyz(gw).await == want {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "readyz never became {want} in {limit:?}; log:\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_503_before_the_first_snapshot_and_while_postgres_is_down() {
+    let pg = support::PrivatePostgres::start();
+    pg.stop_server();
+    let app = TestApp::start(0).await;
+    let spec = ClusterSpec {
+        wait_ready: false,
+        ..ClusterSpec::postgres_at(&pg.url(), "op_ready")
+    };
+    // The store is down at start: the process runs, healthy but not ready.
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    assert_eq!(readyz(&gw).await, StatusCode::SERVICE_UNAVAILABLE);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(readyz(&gw).await, StatusCode::SERVICE_UNAVAILABLE);
+    let (status, _, body) = cluster::get(&format!("{}/maintenance/x", gw.url()))
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+
+    pg.start_server();
+    wait_readyz(&gw, StatusCode::OK, Duration::from_secs(20)).await;
+    support::wait_for_async(
+        "role held once the store is back",
+        Duration::from_secs(10),
+        || async { gw.held().await["maintenance"].0 },
+    )
+    .await;
+
+    pg.stop_server();
+    wait_readyz(&gw, StatusCode::SERVICE_UNAVAILABLE, Duration::from_secs(5)).await;
+    assert!(
+        gw.child_alive(),
+        "the gateway keeps running through a store outage"
+    );
+    pg.start_server();
+    wait_readyz(&gw, StatusCode::OK, Duration::from_secs(20)).await;
+}
+
+/// Parses Prometheus text: every sample line is `name{labels} value`.
+fn parse_metrics(text: &str) -> HashMap<String, f64> {
+    let mut out = HashMap::new();
+    for line in text.lines() {
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix('#') {
+            let rest = rest.trim_start();
+            assert!(
+                rest.starts_with("HELP ") || rest.starts_with("TYPE "),
+                "bad comment line: {line}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("bad sample line: {line}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':'),
+            "bad metric name in: {line}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "bad labels in: {line}");
+        }
+        let v: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in: {line}"));
+        out.insert(series.to_string(), v);
+    }
+    out
+}
+
+async fn metrics(gw: &GatewayProcess) -> HashMap<String, f64> {
+    let (status, headers, body) = cluster::get(&format!("{}/metrics", gw.admin_url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(headers["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    parse_metrics(&String::from_utf8_lossy(&body))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_counters_move_with_traffic() {
+    let spec = ClusterSpec::postgres("op_metrics");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+
+    let fwd = r#"rolegate_proxy_requests_total{outcome="forwarded"}"#;
+    let local = r#"rolegate_proxy_requests_total{outcome="local"}"#;
+    let bad = r#"rolegate_proxy_requests_total{outcome="bad_request"}"#;
+    let before = (metrics(&gws[1]).await, metrics(&gws[0]).await);
+    for i in 0..5 {
+        let (status, _, _) = cluster::get(&format!("{}/maintenance/m{i}", gws[1].url()))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let (status, _, _) = cluster::get(&format!("{}/device-api/nokey", gws[1].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let after = (metrics(&gws[1]).await, metrics(&gws[0]).await);
+    let get = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+    assert_eq!(get(&after.0, fwd) - get(&before.0, fwd), 5.0);
+    assert_eq!(get(&after.1, local) - get(&before.1, local), 5.0);
+    assert_eq!(get(&after.0, bad) - get(&before.0, bad), 1.0);
+    let m = &after.1;
+    assert_eq!(get(m, r#"rolegate_lease_held{role="maintenance"}"#), 1.0);
+    assert_eq!(
+        get(&after.0, r#"rolegate_lease_held{role="maintenance"}"#),
+        0.0
+    );
+    assert_eq!(get(m, "rolegate_ready"), 1.0);
+    assert_eq!(get(m, "rolegate_candidate"), 1.0);
+    assert!(get(m, r#"rolegate_store_round_trip_seconds_count{op="claim"}"#) > 0.0);
+    assert!(
+        get(
+            &after.0,
+            r#"rolegate_forward_seconds_count{target="holder"}"#
+        ) >= 5.0
+    );
+    assert!(m.contains_key("rolegate_open_streams"));
+    assert!(
+        get(
+            m,
+            r#"rolegate_lease_operations_total{op="renew",outcome="granted"}"#
+        ) > 0.0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_and_the_status_page_match_the_store() {
+    let spec = ClusterSpec::postgres("op_leases");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+
+    // `rolegate status --json` reads the store directly.
+    let out = std::process::Command::new(cluster::bin())
+        .args(["status", "--json", "--config"])
+        .arg(gws[1].config_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let store: HashMap<String, (Option<String>, u64)> = store
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["role"].as_str().unwrap().to_string(),
+                (
+                    r["holder"].as_str().map(str::to_owned),
+                    r["token"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect();
+    for gw in &gws {
+        let v = gw.leases().await;
+        let id = v["instance"]["id"].as_str().unwrap().to_string();
+        assert_eq!(v["instance"]["store"], "postgres");
+        assert_eq!(v["instance"]["candidate"], true);
+        let roles = v["roles"].as_array().unwrap();
+        assert_eq!(roles.len(), 9, "every role and partition role is listed");
+        for r in roles {
+            let name = r["role"].as_str().unwrap();
+            let (holder, token) = &store[name];
+            assert_eq!(r["token"].as_u64().unwrap(), *token, "{name}");
+            assert_eq!(r["holder"].as_str(), holder.as_deref(), "{name}");
+            assert_eq!(
+                r["held_here"].as_bool().unwrap(),
+                holder.as_deref() == Some(id.as_str()),
+                "{name}"
+            );
+            if r["held_here"].as_bool().unwrap() {
+                assert!(r["valid_for_ms"].as_u64().unwrap() > 0);
+            }
+        }
+        let (status, headers, body) = cluster::get(&format!("{}/", gw.admin_url())).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert!(headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html"));
+        let html = String::from_utf8_lossy(&body);
+        assert!(
+            html.contains("http-equiv=\"refresh\""),
+            "the page refreshes itself"
+        );
+        assert!(html.contains("name=\"viewport\""), "readable on a phone");
+        for name in store.keys() {
+            assert!(
+                html.contains(&format!("<td>{name}</td>")),
+                "status page names {name}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again_when_recovered() {
+    let spec = ClusterSpec {
+        upstream_yaml:
+            "  health:\n    path: /healthz\n    interval: 100ms\n    unhealthy_after: 2\n".into(),
+        ..ClusterSpec::postgres("op_health")
+    };
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+
+    apps[0].set_healthy(false);
+    support::wait_for_async(
+        "g1 takes every role from the unhealthy g0",
+        Duration::from_secs(5),
+        || async { gws[1].held().await.values().all(|h| h.0) },
+    )
+    .await;
+    let v = gws[0].leases().await;
+    assert_eq!(v["instance"]["candidate"], false);
+    assert!(v["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["held_here"] == false));
+    let m = metrics(&gws[0]).await;
+    assert_eq!(m.get("rolegate_candidate").copied(), Some(0.0));
+    // Requests still work: forwarded to the healthy holder.
+    let (status, headers, _) = cluster::get(&format!("{}/maintenance/while-sick", gws[0].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["x-app"], "1");
+
+    apps[0].set_healthy(true);
+    support::wait_for_async("g0 contends again", Duration::from_secs(5), || async {
+        gws[0].leases().await["instance"]["candidate"] == true
+    })
+    .await;
+    // Once g1 stops, the recovered g0 takes the roles.
+    gws[1].signal("TERM");
+    support::wait_for_async("g0 holds again", Duration::from_secs(5), || async {
+        gws[0].held().await.values().all(|h| h.0)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_marker_request_counts_as_already_forwarded_in_metrics() {
+    let spec = ClusterSpec::postgres("op_hopm");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+    let req = Request::get(format!("{}/maintenance/x", gws[1].url()))
+        .header("x-rolegate-hop", "x")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(
+        cluster::request(req).await.unwrap().0,
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let m = metrics(&gws[1]).await;
+    assert_eq!(
+        m.get(r#"rolegate_proxy_requests_total{outcome="already-forwarded"}"#)
+            .copied(),
+        Some(1.0)
+    );
+}
