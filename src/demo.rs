@@ -222,30 +222,30 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
         )?);
     }
     // Start the gateways one by one, so gw-1 holds the role at first.
-    for i in 0..nodes.len() {
-        let config = dir.join(format!("{}.yaml", nodes[i].name));
-        std::fs::write(&config, config_text(&nodes[i], &store_kind, &store_url))
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let config = dir.join(format!("{}.yaml", node.name));
+        std::fs::write(&config, config_text(node, &store_kind, &store_url))
             .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
         let config = config.display().to_string();
-        nodes[i].gateway = Some(spawn(
+        node.gateway = Some(spawn(
             &["run", "--config", &config],
-            &dir.join(format!("{}.log", nodes[i].name)),
+            &dir.join(format!("{}.log", node.name)),
         )?);
-        let ready = format!("http://127.0.0.1:{}/readyz", nodes[i].admin);
+        let ready = format!("http://127.0.0.1:{}/readyz", node.admin);
         let started = Instant::now();
         while !probe.probe(&ready, Duration::from_millis(500)).await {
             if started.elapsed() > Duration::from_secs(15) {
                 return Err(format!(
                     "{} did not become ready; see {}",
-                    nodes[i].name,
-                    dir.join(format!("{}.log", nodes[i].name)).display()
+                    node.name,
+                    dir.join(format!("{}.log", node.name)).display()
                 ));
             }
-            if let Some(Ok(Some(status))) = nodes[i].gateway.as_mut().map(|g| g.try_wait()) {
+            if let Some(Ok(Some(status))) = node.gateway.as_mut().map(|g| g.try_wait()) {
                 return Err(format!(
                     "{} exited ({status}); see {}",
-                    nodes[i].name,
-                    dir.join(format!("{}.log", nodes[i].name)).display()
+                    node.name,
+                    dir.join(format!("{}.log", node.name)).display()
                 ));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -264,10 +264,7 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
     let pid = |c: &Option<Child>| c.as_ref().map(|c| c.id().to_string()).unwrap_or_default();
     println!("rolegate demo: {INSTANCES} gateways in front of {INSTANCES} demo apps, {store} store, files in {}", dir.display());
     println!();
-    println!(
-        "  {:<6} {:<24} {:<26} {:<12} {}",
-        "name", "public URL", "status page", "gateway PID", "app PID"
-    );
+    println!("  name   public URL               status page                gateway PID  app PID");
     for n in nodes {
         println!(
             "  {:<6} {:<24} {:<26} {:<12} {}",
