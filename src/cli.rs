@@ -53,6 +53,8 @@ pub enum Command {
         #[arg(long)]
         store_url: Option<String>,
     },
+    /// GET a URL; exit 0 on a 2xx answer within 3 s (container health checks).
+    Probe { url: String },
     /// The demo's app (used by `demo`).
     #[command(hide = true)]
     DemoApp {
@@ -202,6 +204,22 @@ pub async fn status(path: &std::path::Path, json: bool) -> ExitCode {
         println!("{}", line.join("  ").trim_end());
     }
     ExitCode::SUCCESS
+}
+
+pub async fn probe(url: &str) -> ExitCode {
+    let forwarder = match crate::proxy::Forwarder::new(std::time::Duration::from_secs(1), std::time::Duration::from_secs(3)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    if forwarder.probe(url, std::time::Duration::from_secs(3)).await {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("unhealthy: {url}");
+        ExitCode::from(EXIT_RUNTIME)
+    }
 }
 
 pub fn resolve(

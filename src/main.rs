@@ -41,6 +41,7 @@ fn main() -> ExitCode {
                 };
                 rolegate::demo::run(options).await
             }
+            Command::Probe { url } => cli::probe(&url).await,
             Command::DemoApp { port, name } => rolegate::demo::run_app(port, name).await,
         }
     })
