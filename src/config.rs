@@ -114,9 +114,15 @@ impl StoreKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StoreConfig {
     pub kind: StoreKind,
+    #[serde(serialize_with = "redact_url")]
     pub url: String,
     pub migrate: bool,
+    /// SQL table name; key namespace for Redis and etcd.
     pub table: String,
+    /// etcd authentication.
+    pub username: Option<String>,
+    #[serde(serialize_with = "redacted")]
+    pub password: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -330,6 +336,21 @@ fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> ConfigError {
     }
 }
 
+/// Hides a password in a URL (`scheme://user:secret@host` → `user:<redacted>@`).
+fn redact_url<S: serde::Serializer>(url: &String, s: S) -> Result<S::Ok, S::Error> {
+    let shown = match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:<redacted>{}", &url[..scheme + 3], &url[at..]),
+                None => url.clone(),
+            }
+        }
+        _ => url.clone(),
+    };
+    s.serialize_str(&shown)
+}
+
 fn redacted<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
     match v {
         Some(_) => s.serialize_some("<redacted>"),
@@ -401,6 +422,8 @@ struct RawStore {
     url: Option<Text>,
     migrate: Option<bool>,
     table: Option<Text>,
+    username: Option<Text>,
+    password: Option<Text>,
 }
 
 #[derive(Deserialize, Default)]
@@ -790,6 +813,8 @@ impl Resolver<'_> {
                 url: "sqlite://rolegate.db".into(),
                 migrate: true,
                 table: DEFAULT_TABLE.into(),
+                username: None,
+                password: None,
             });
         };
         let kind = match &raw.kind {
@@ -844,11 +869,26 @@ impl Resolver<'_> {
             }
             None => DEFAULT_TABLE.into(),
         };
+        let username = self.opt_text(&raw.username, "store.username")?;
+        let password = self.opt_text(&raw.password, "store.password")?;
+        if username.is_some() != password.is_some() {
+            let at = raw.username.as_ref().or(raw.password.as_ref()).map(|t| &t.referenced);
+            return Err(self.err(at, "store.username", "username and password go together"));
+        }
+        if username.is_some() && kind != StoreKind::Etcd {
+            return Err(self.err(
+                raw.username.as_ref().map(|t| &t.referenced),
+                "store.username",
+                "only the etcd store takes username/password (put credentials in store.url for the others)",
+            ));
+        }
         Ok(StoreConfig {
             kind,
             url,
             migrate: raw.migrate.unwrap_or(true),
             table,
+            username,
+            password,
         })
     }
 

@@ -8,6 +8,29 @@ use std::time::Duration;
 
 use rolegate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
 
+/// Short test durations, scaled for stores whose TTLs are coarse (etcd grants
+/// whole seconds, at least 2 s, and revokes expired leases every ~0.5 s).
+#[derive(Clone, Copy)]
+struct Scale {
+    factor: u64,
+    /// Extra wait before a term counts as expired.
+    slack_ms: u64,
+}
+
+impl Scale {
+    const FINE: Scale = Scale { factor: 1, slack_ms: 0 };
+    const SECONDS: Scale = Scale { factor: 10, slack_ms: 1_000 };
+
+    fn ms(self, ms: u64) -> u64 {
+        ms * self.factor
+    }
+
+    /// Sleeps until a term of `ms` (unscaled) has surely expired.
+    async fn past(self, ms: u64) {
+        tokio::time::sleep(Duration::from_millis(ms * self.factor + self.slack_ms)).await;
+    }
+}
+
 fn instance(n: u32) -> InstanceInfo {
     InstanceInfo {
         id: format!("inst-{n}-{:08x}", rand_suffix()),
@@ -52,7 +75,7 @@ async fn registered(store: &Arc<dyn LeaseStore>, roles: &[&str]) {
     store.register(&roles).await.expect("register again");
 }
 
-async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>) {
+async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["alpha"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "alpha", None, 5_000)
@@ -61,16 +84,17 @@ async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>) {
     assert!(t >= 1);
 }
 
-async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>) {
+async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["contested"]).await;
-    for round in 0..5 {
+    let rounds = if scale.factor > 1 { 3 } else { 5 };
+    for round in 0..rounds {
         let role = "contested";
         let mut tasks = Vec::new();
         for n in 0..8 {
             let store = store.clone();
             tasks.push(tokio::spawn(async move {
                 let who = instance(n);
-                grant(&*store, &who, role, None, 400).await
+                grant(&*store, &who, role, None, scale.ms(400)).await
             }));
         }
         let mut winners = 0;
@@ -83,11 +107,11 @@ async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>
             winners, 1,
             "round {round}: exactly one of 8 concurrent acquirers wins"
         );
-        tokio::time::sleep(Duration::from_millis(450)).await;
+        scale.past(450).await;
     }
 }
 
-async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>) {
+async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["r"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "r", None, 2_000).await.unwrap();
@@ -102,11 +126,11 @@ async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>) {
     );
 }
 
-async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore>) {
+async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["x"]).await;
     let (a, b) = (instance(1), instance(2));
-    let t1 = grant(&*store, &a, "x", None, 200).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t1 = grant(&*store, &a, "x", None, scale.ms(200)).await.unwrap();
+    scale.past(300).await;
     let t2 = grant(&*store, &b, "x", None, 5_000)
         .await
         .expect("expired role taken over");
@@ -118,11 +142,11 @@ async fn renew_after_expiry_is_refused_once_taken_over(store: Arc<dyn LeaseStore
     );
 }
 
-async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>) {
+async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["y"]).await;
     let a = instance(1);
-    let t1 = grant(&*store, &a, "y", None, 150).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    let t1 = grant(&*store, &a, "y", None, scale.ms(150)).await.unwrap();
+    scale.past(250).await;
     let t2 = grant(&*store, &a, "y", Some(t1), 1_000)
         .await
         .expect("free again");
@@ -134,7 +158,7 @@ async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>
     assert!(t3 > t2);
 }
 
-async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseStore>) {
+async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["rel"]).await;
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "rel", None, 60_000).await.unwrap();
@@ -160,7 +184,7 @@ async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseS
     assert!(t2 > t1);
 }
 
-async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore>) {
+async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["s1", "s2", "s3"]).await;
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "s1", None, 10_000).await.unwrap();
@@ -184,7 +208,7 @@ async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore
     assert!(all.len() >= 3);
 }
 
-async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseStore>) {
+async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseStore>, scale: Scale) {
     registered(&store, &["n"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "n", None, 60_000).await.unwrap();
@@ -199,7 +223,7 @@ async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseSto
         .expect("feed open");
 }
 
-async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>) {
+async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>, scale: Scale) {
     let a = instance(1);
     let long = "r".repeat(129);
     match store.claim(&a, &[claim(&long, None, 1_000)]).await {
@@ -212,7 +236,7 @@ async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>) {
     assert!(grant(&*store, &a, &ok, None, 1_000).await.is_some());
 }
 
-async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>) {
+async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>, scale: Scale) {
     let names: Vec<String> = (0..300).map(|i| format!("batch:partition-{i}")).collect();
     store.register(&names).await.unwrap();
     let a = instance(1);
@@ -238,9 +262,12 @@ async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>)
 
 macro_rules! conformance {
     ($backend:ident, $make:expr) => {
+        conformance!($backend, $make, Scale::FINE);
+    };
+    ($backend:ident, $make:expr, $scale:expr) => {
         mod $backend {
             use super::*;
-            conformance!(@tests $make;
+            conformance!(@tests $make, $scale;
                 first_acquire_is_granted,
                 concurrent_acquirers_have_exactly_one_winner,
                 renew_keeps_the_token,
@@ -254,12 +281,12 @@ macro_rules! conformance {
             );
         }
     };
-    (@tests $make:expr; $($name:ident),*) => {
+    (@tests $make:expr, $scale:expr; $($name:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
                 let store: Arc<dyn LeaseStore> = $make.await;
-                super::$name(store).await;
+                super::$name(store, $scale).await;
             }
         )*
     };
@@ -292,3 +319,26 @@ async fn postgres_store() -> Arc<dyn LeaseStore> {
 conformance!(memory, memory_store());
 conformance!(sqlite, sqlite_store());
 conformance!(postgres, postgres_store());
+
+#[cfg(feature = "redis")]
+async fn redis_store() -> Arc<dyn LeaseStore> {
+    let store = rolegate::store::RedisStore::connect(&support::redis_url(), &support::unique_table("conf"))
+        .await
+        .expect("redis config");
+    store.migrate().await.expect("redis answers");
+    Arc::new(store)
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd_store() -> Arc<dyn LeaseStore> {
+    let store = rolegate::store::EtcdStore::connect(&support::etcd_url(), &support::unique_table("conf"), None)
+        .await
+        .expect("etcd config");
+    store.migrate().await.expect("etcd answers");
+    Arc::new(store)
+}
+
+#[cfg(feature = "redis")]
+conformance!(redis, redis_store());
+#[cfg(feature = "etcd")]
+conformance!(etcd, etcd_store(), Scale::SECONDS);

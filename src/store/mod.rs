@@ -5,9 +5,13 @@
 //! release, register), each one round trip whatever the number of roles, and
 //! offers a change feed that wakes contenders when a term changes.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -17,7 +21,11 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdStore;
 pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 #[cfg(feature = "sqlite")]
@@ -132,7 +140,19 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreErro
         StoreKind::Postgres => Arc::new(PostgresStore::connect(&config.url, &config.table).await?),
         #[cfg(not(feature = "postgres"))]
         StoreKind::Postgres => return Err(StoreError::NotBuilt("postgres")),
+        #[cfg(feature = "redis")]
+        StoreKind::Redis => Arc::new(RedisStore::connect(&config.url, &config.table).await?),
+        #[cfg(not(feature = "redis"))]
         StoreKind::Redis => return Err(StoreError::NotBuilt("redis")),
+        #[cfg(feature = "etcd")]
+        StoreKind::Etcd => {
+            let user = match (&config.username, &config.password) {
+                (Some(u), Some(p)) => Some((u.as_str(), p.as_str())),
+                _ => None,
+            };
+            Arc::new(EtcdStore::connect(&config.url, &config.table, user).await?)
+        }
+        #[cfg(not(feature = "etcd"))]
         StoreKind::Etcd => return Err(StoreError::NotBuilt("etcd")),
     };
     if config.migrate {

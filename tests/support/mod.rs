@@ -203,3 +203,138 @@ impl Drop for PrivatePostgres {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The shared Redis that `scripts/test` starts (ROLEGATE_TEST_REDIS_URL).
+pub fn redis_url() -> String {
+    match std::env::var("ROLEGATE_TEST_REDIS_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "this test needs Redis: run `scripts/test` (it installs and starts one), \
+             or set ROLEGATE_TEST_REDIS_URL=redis://127.0.0.1:PORT"
+        ),
+    }
+}
+
+/// The shared etcd that `scripts/test` starts (ROLEGATE_TEST_ETCD_URL).
+pub fn etcd_url() -> String {
+    match std::env::var("ROLEGATE_TEST_ETCD_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "this test needs etcd: run `scripts/test` (it installs and starts one), \
+             or set ROLEGATE_TEST_ETCD_URL=http://127.0.0.1:PORT"
+        ),
+    }
+}
+
+fn require_binary(name: &str) -> PathBuf {
+    for dir in ["/usr/bin", "/usr/local/bin", "/usr/sbin"] {
+        let p = Path::new(dir).join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    panic!("`{name}` not found: run `scripts/test` (it installs etcd-server and redis-server with apt)")
+}
+
+/// A server process a test may stop and start again on the same port and data.
+pub struct PrivateServer {
+    program: PathBuf,
+    args: Vec<String>,
+    child: Option<std::process::Child>,
+    dir: PathBuf,
+    pub port: u16,
+}
+
+impl PrivateServer {
+    /// A Redis with an append-only file, so its data survives a restart.
+    pub fn redis() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("rolegate-redis-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let args = vec![
+            "--port".into(),
+            port.to_string(),
+            "--bind".into(),
+            "127.0.0.1".into(),
+            "--dir".into(),
+            dir.display().to_string(),
+            "--appendonly".into(),
+            "yes".into(),
+            "--appendfsync".into(),
+            "always".into(),
+            "--save".into(),
+            "".into(),
+        ];
+        let mut s = Self { program: require_binary("redis-server"), args, child: None, dir, port };
+        s.start_server();
+        s
+    }
+
+    /// A single-member etcd with its own data directory.
+    pub fn etcd() -> Self {
+        let port = free_port();
+        let peer = free_port();
+        let dir = std::env::temp_dir().join(format!("rolegate-etcd-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let client = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let args = vec![
+            "--name".into(),
+            "t".into(),
+            "--data-dir".into(),
+            dir.join("data").display().to_string(),
+            "--listen-client-urls".into(),
+            client.clone(),
+            "--advertise-client-urls".into(),
+            client,
+            "--listen-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer_url.clone(),
+            "--initial-cluster".into(),
+            format!("t={peer_url}"),
+        ];
+        let mut s = Self { program: require_binary("etcd"), args, child: None, dir, port };
+        s.start_server();
+        s
+    }
+
+    pub fn redis_url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn etcd_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn start_server(&mut self) {
+        let log = std::fs::File::create(self.dir.join("server.log")).unwrap();
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.program.display()));
+        self.child = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{} did not start", self.program.display());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the server (SIGKILL), as a crash or outage would.
+    pub fn stop_server(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for PrivateServer {
+    fn drop(&mut self) {
+        self.stop_server();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
