@@ -207,14 +207,20 @@ pub async fn status(path: &std::path::Path, json: bool) -> ExitCode {
 }
 
 pub async fn probe(url: &str) -> ExitCode {
-    let forwarder = match crate::proxy::Forwarder::new(std::time::Duration::from_secs(1), std::time::Duration::from_secs(3)) {
+    let forwarder = match crate::proxy::Forwarder::new(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3),
+    ) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    if forwarder.probe(url, std::time::Duration::from_secs(3)).await {
+    if forwarder
+        .probe(url, std::time::Duration::from_secs(3))
+        .await
+    {
         ExitCode::SUCCESS
     } else {
         eprintln!("unhealthy: {url}");

@@ -337,16 +337,16 @@ fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> ConfigError {
 }
 
 /// Hides a password in a URL (`scheme://user:secret@host` → `user:<redacted>@`).
-fn redact_url<S: serde::Serializer>(url: &String, s: S) -> Result<S::Ok, S::Error> {
+fn redact_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
     let shown = match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let creds = &url[scheme + 3..at];
             match creds.split_once(':') {
                 Some((user, _)) => format!("{}{user}:<redacted>{}", &url[..scheme + 3], &url[at..]),
-                None => url.clone(),
+                None => url.to_string(),
             }
         }
-        _ => url.clone(),
+        _ => url.to_string(),
     };
     s.serialize_str(&shown)
 }
@@ -872,7 +872,11 @@ impl Resolver<'_> {
         let username = self.opt_text(&raw.username, "store.username")?;
         let password = self.opt_text(&raw.password, "store.password")?;
         if username.is_some() != password.is_some() {
-            let at = raw.username.as_ref().or(raw.password.as_ref()).map(|t| &t.referenced);
+            let at = raw
+                .username
+                .as_ref()
+                .or(raw.password.as_ref())
+                .map(|t| &t.referenced);
             return Err(self.err(at, "store.username", "username and password go together"));
         }
         if username.is_some() && kind != StoreKind::Etcd {

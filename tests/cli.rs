@@ -302,3 +302,107 @@ async fn demo_starts_answers_its_printed_commands_and_stops_cleanly_on_sigint() 
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `rolegate run` and `rolegate status` on a store kind: two gateways, the
+/// first holds, a request through the second is served by the first's app,
+/// and `status` shows the holder.
+#[allow(dead_code)]
+async fn run_and_status_on(spec: cluster::ClusterSpec) {
+    let apps = [
+        cluster::TestApp::start(0).await,
+        cluster::TestApp::start(1).await,
+    ];
+    let g0 = cluster::GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = cluster::GatewayProcess::start(1, &spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+    let (status, headers, _) = cluster::get(&format!("{}/maintenance/via-store", gws[1].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, http::StatusCode::CREATED);
+    assert_eq!(headers["x-app"], "0");
+    let o = rolegate(&["status", "--json", "--config", s(&gws[1].config_path())]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let id = gws[0].leases().await["instance"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let m = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["role"] == "maintenance")
+        .expect("maintenance listed");
+    assert_eq!(m["holder"], id.as_str());
+    assert_eq!(
+        v.as_array().unwrap().len(),
+        9,
+        "every registered role listed: {v}"
+    );
+    // Graceful handover on this store too.
+    gws[0].signal("TERM");
+    support::wait_for_async("g1 takes over", Duration::from_secs(5), || async {
+        gws[1].held().await["maintenance"].0
+    })
+    .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_status_work_on_redis() {
+    run_and_status_on(cluster::ClusterSpec::store(
+        "redis",
+        &support::redis_url(),
+        "cli_redis",
+    ))
+    .await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_status_work_on_etcd() {
+    run_and_status_on(cluster::ClusterSpec::store(
+        "etcd",
+        &support::etcd_url(),
+        "cli_etcd",
+    ))
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_and_status_work_on_sqlite() {
+    let dir =
+        std::env::temp_dir().join(format!("rolegate-cli-{}", support::unique_table("sqlite")));
+    std::fs::create_dir_all(&dir).unwrap();
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    run_and_status_on(cluster::ClusterSpec::store("sqlite", &url, "cli_sqlite")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_exits_0_for_2xx_and_1_otherwise() {
+    let app = cluster::TestApp::start(0).await;
+    let ok = Command::new(cluster::bin())
+        .args(["probe", &format!("{}/healthz", app.url())])
+        .output()
+        .unwrap();
+    assert_eq!(code(&ok), 0);
+    app.set_healthy(false);
+    let sick = Command::new(cluster::bin())
+        .args(["probe", &format!("{}/healthz", app.url())])
+        .output()
+        .unwrap();
+    assert_eq!(code(&sick), 1);
+    let down = Command::new(cluster::bin())
+        .args([
+            "probe",
+            &format!("http://127.0.0.1:{}/healthz", support::free_port()),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(code(&down), 1);
+}

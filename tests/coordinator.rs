@@ -113,11 +113,21 @@ fn roles(n: usize) -> Vec<String> {
 }
 
 fn start(store: &Arc<dyn LeaseStore>, names: &[String], log: &EventLog, n: usize) -> Coordinator {
+    start_with(store, names, log, n, TIMINGS)
+}
+
+fn start_with(
+    store: &Arc<dyn LeaseStore>,
+    names: &[String],
+    log: &EventLog,
+    n: usize,
+    t: LeaseTimings,
+) -> Coordinator {
     let mut b = CoordinatorBuilder::new(store.clone())
         .instance_name(format!("c{n}"))
         .advertise(format!("http://127.0.0.1:{}", 20_000 + n));
     for name in names {
-        b = b.role(name.clone(), TIMINGS);
+        b = b.role(name.clone(), t);
     }
     let log = log.clone();
     b.on_lease_event(move |e| log.push(e))
@@ -161,10 +171,12 @@ async fn postgres() -> Arc<dyn LeaseStore> {
 /// Three coordinators share 20 roles while members stop gracefully, crash
 /// and restart; no two believed-held intervals of a role overlap and tokens
 /// increase across terms.
-async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
+async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>, t: LeaseTimings) {
     let names = roles(20);
     let log = EventLog::default();
-    let mut cs: Vec<Coordinator> = (0..3).map(|n| start(&store, &names, &log, n)).collect();
+    let mut cs: Vec<Coordinator> = (0..3)
+        .map(|n| start_with(&store, &names, &log, n, t))
+        .collect();
     support::wait_for("every role held by someone", Duration::from_secs(5), || {
         names.iter().all(|r| holders(&cs, r) == 1)
     })
@@ -184,7 +196,7 @@ async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
             victim.abort();
             log.close_aborted(&victim);
         }
-        cs.push(start(&store, &names, &log, next_id));
+        cs.push(start_with(&store, &names, &log, next_id, t));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     support::wait_for("every role held again", Duration::from_secs(5), || {
@@ -203,15 +215,18 @@ async fn holders_never_overlap_under_churn(store: Arc<dyn LeaseStore>) {
 
 /// The holder stops gracefully: another instance holds the role well within
 /// one renew interval, woken by the store's notification, not its next poll.
-async fn graceful_stop_hands_over_within_one_renew_interval(store: Arc<dyn LeaseStore>) {
+async fn graceful_stop_hands_over_within_one_renew_interval(
+    store: Arc<dyn LeaseStore>,
+    t: LeaseTimings,
+) {
     let names = roles(1);
     let log = EventLog::default();
-    let a = start(&store, &names, &log, 0);
+    let a = start_with(&store, &names, &log, 0, t);
     support::wait_for("a holds", Duration::from_secs(3), || {
         a.role("role-0").unwrap().is_held()
     })
     .await;
-    let b = start(&store, &names, &log, 1);
+    let b = start_with(&store, &names, &log, 1, t);
     support::wait_for("b has a snapshot", Duration::from_secs(3), || b.is_ready()).await;
     // Let b settle into waiting for the observed expiry, far in the future.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -223,7 +238,7 @@ async fn graceful_stop_hands_over_within_one_renew_interval(store: Arc<dyn Lease
     .await;
     let took = t0.elapsed();
     assert!(
-        took < TIMINGS.renew_interval,
+        took < t.renew_interval,
         "handover took {took:?}, more than one renew interval"
     );
     b.shutdown().await;
@@ -232,15 +247,18 @@ async fn graceful_stop_hands_over_within_one_renew_interval(store: Arc<dyn Lease
 
 /// The holder dies without releasing: another instance takes over within
 /// duration + renew interval of the crash.
-async fn crashed_holder_is_replaced_within_duration_plus_renew(store: Arc<dyn LeaseStore>) {
+async fn crashed_holder_is_replaced_within_duration_plus_renew(
+    store: Arc<dyn LeaseStore>,
+    t: LeaseTimings,
+) {
     let names = roles(3);
     let log = EventLog::default();
-    let a = start(&store, &names, &log, 0);
+    let a = start_with(&store, &names, &log, 0, t);
     support::wait_for("a holds all", Duration::from_secs(3), || {
         names.iter().all(|r| a.role(r).unwrap().is_held())
     })
     .await;
-    let b = start(&store, &names, &log, 1);
+    let b = start_with(&store, &names, &log, 1, t);
     support::wait_for("b ready", Duration::from_secs(3), || b.is_ready()).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     let t0 = Instant::now();
@@ -252,11 +270,11 @@ async fn crashed_holder_is_replaced_within_duration_plus_renew(store: Arc<dyn Le
     .await;
     let took = t0.elapsed();
     assert!(
-        took <= TIMINGS.duration + TIMINGS.renew_interval,
+        took <= t.duration + t.renew_interval,
         "crash takeover took {took:?} > duration + renew interval"
     );
     assert!(
-        took >= TIMINGS.duration - TIMINGS.renew_interval - TIMINGS.safety_margin,
+        took >= t.duration - t.renew_interval - t.safety_margin,
         "takeover before expiry? {took:?}"
     );
     b.shutdown().await;
@@ -265,12 +283,16 @@ async fn crashed_holder_is_replaced_within_duration_plus_renew(store: Arc<dyn Le
 
 /// Round trips per tick do not grow with roles: 1 role and 256 partition roles
 /// cost the same store calls per tick.
-async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>) {
-    async fn calls_per_tick(store: &Arc<dyn LeaseStore>, partitions: Option<u32>) -> u64 {
+async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>, t: LeaseTimings) {
+    async fn calls_per_tick(
+        store: &Arc<dyn LeaseStore>,
+        partitions: Option<u32>,
+        t: LeaseTimings,
+    ) -> u64 {
         let mut b = CoordinatorBuilder::new(store.clone()).advertise("http://127.0.0.1:1");
         b = match partitions {
-            None => b.role(support::unique_table("solo"), TIMINGS),
-            Some(n) => b.partition(support::unique_table("part"), n, TIMINGS),
+            None => b.role(support::unique_table("solo"), t),
+            Some(n) => b.partition(support::unique_table("part"), n, t),
         };
         let c = b.start().unwrap();
         let n = c.role_names().len();
@@ -283,7 +305,7 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>)
                 == n
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        tokio::time::sleep(t.renew_interval * 6).await;
         let stats = c.stats();
         c.shutdown().await;
         assert!(
@@ -293,8 +315,8 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>)
         );
         stats.max_calls_per_tick
     }
-    let one = calls_per_tick(&store, None).await;
-    let many = calls_per_tick(&store, Some(256)).await;
+    let one = calls_per_tick(&store, None, t).await;
+    let many = calls_per_tick(&store, Some(256), t).await;
     assert_eq!(one, 2, "one snapshot read and one claim per tick");
     assert_eq!(
         many, one,
@@ -304,9 +326,12 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>)
 
 macro_rules! coordinator_suite {
     ($backend:ident, $make:expr) => {
+        coordinator_suite!($backend, $make, TIMINGS);
+    };
+    ($backend:ident, $make:expr, $t:expr) => {
         mod $backend {
             use super::*;
-            coordinator_suite!(@tests $make;
+            coordinator_suite!(@tests $make, $t;
                 holders_never_overlap_under_churn,
                 graceful_stop_hands_over_within_one_renew_interval,
                 crashed_holder_is_replaced_within_duration_plus_renew,
@@ -314,11 +339,11 @@ macro_rules! coordinator_suite {
             );
         }
     };
-    (@tests $make:expr; $($name:ident),*) => {
+    (@tests $make:expr, $t:expr; $($name:ident),*) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                super::$name($make.await).await;
+                super::$name($make.await, $t).await;
             }
         )*
     };
@@ -328,27 +353,65 @@ coordinator_suite!(memory, memory());
 coordinator_suite!(sqlite, sqlite());
 coordinator_suite!(postgres, postgres());
 
-/// PostgreSQL stops: every instance reports not-held within duration - margin,
-/// keeps running and retrying; when PostgreSQL returns, roles are held again.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_outage_fails_closed_then_recovers() {
-    let pg = support::PrivatePostgres::start();
-    let store = postgres_at(&pg.url()).await;
+/// etcd grants whole-second TTLs (at least 2 s) and revokes expired leases
+/// about every 0.5 s, so its suite runs with second-scale timings.
+#[cfg(feature = "etcd")]
+const ETCD_TIMINGS: LeaseTimings = LeaseTimings {
+    duration: Duration::from_secs(2),
+    renew_interval: Duration::from_millis(700),
+    safety_margin: Duration::from_millis(500),
+};
+
+#[cfg(feature = "redis")]
+async fn redis_at(url: &str) -> Arc<dyn LeaseStore> {
+    let s = rolegate::store::RedisStore::connect(url, &support::unique_table("coord"))
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+#[cfg(feature = "etcd")]
+async fn etcd_at(url: &str) -> Arc<dyn LeaseStore> {
+    let s = rolegate::store::EtcdStore::connect(url, &support::unique_table("coord"), None)
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+#[cfg(feature = "redis")]
+coordinator_suite!(redis, redis_at(&support::redis_url()));
+#[cfg(feature = "etcd")]
+coordinator_suite!(etcd, etcd_at(&support::etcd_url()), ETCD_TIMINGS);
+
+/// The store stops: every instance reports not-held within duration - margin,
+/// keeps running and retrying; when the store returns, roles are held again.
+async fn outage_fails_closed_then_recovers(
+    store: Arc<dyn LeaseStore>,
+    t: LeaseTimings,
+    stop: impl FnOnce(),
+    restart: impl FnOnce(),
+) {
     let names = roles(20);
     let log = EventLog::default();
-    let cs: Vec<Coordinator> = (0..3).map(|n| start(&store, &names, &log, n)).collect();
-    support::wait_for("all roles held", Duration::from_secs(5), || {
+    let cs: Vec<Coordinator> = (0..3)
+        .map(|n| start_with(&store, &names, &log, n, t))
+        .collect();
+    support::wait_for("all roles held", Duration::from_secs(10), || {
         names.iter().all(|r| holders(&cs, r) == 1)
     })
     .await;
 
     let t0 = Instant::now();
-    pg.stop_server();
+    stop();
     let stopped_after = t0.elapsed();
-    let bound = TIMINGS.duration - TIMINGS.safety_margin;
-    let took = support::wait_for("no instance holds anything", Duration::from_secs(3), || {
-        names.iter().all(|r| holders(&cs, r) == 0)
-    })
+    let bound = t.duration - t.safety_margin;
+    let took = support::wait_for(
+        "no instance holds anything",
+        Duration::from_secs(10),
+        || names.iter().all(|r| holders(&cs, r) == 0),
+    )
     .await;
     // Measured from the moment the stop began; the last successful send was earlier.
     assert!(
@@ -365,21 +428,61 @@ async fn postgres_outage_fails_closed_then_recovers() {
         assert_eq!(holders(&cs, r), 0);
     }
 
-    pg.start_server();
+    restart();
     support::wait_for(
-        "roles held again after PostgreSQL returns",
-        Duration::from_secs(15),
+        "roles held again after the store returns",
+        Duration::from_secs(20),
         || names.iter().all(|r| holders(&cs, r) == 1),
     )
     .await;
-    support::wait_for("every instance ready again", Duration::from_secs(5), || {
-        cs.iter().all(|c| c.is_ready())
-    })
+    support::wait_for(
+        "every instance ready again",
+        Duration::from_secs(10),
+        || cs.iter().all(|c| c.is_ready()),
+    )
     .await;
     for c in &cs {
         c.shutdown().await;
     }
     log.check();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_outage_fails_closed_then_recovers() {
+    let pg = support::PrivatePostgres::start();
+    let store = postgres_at(&pg.url()).await;
+    outage_fails_closed_then_recovers(store, TIMINGS, || pg.stop_server(), || pg.start_server())
+        .await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_fails_closed_then_recovers() {
+    let server = std::sync::Mutex::new(support::PrivateServer::redis());
+    let url = server.lock().unwrap().redis_url();
+    let store = redis_at(&url).await;
+    outage_fails_closed_then_recovers(
+        store,
+        TIMINGS,
+        || server.lock().unwrap().stop_server(),
+        || server.lock().unwrap().start_server(),
+    )
+    .await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_outage_fails_closed_then_recovers() {
+    let server = std::sync::Mutex::new(support::PrivateServer::etcd());
+    let url = server.lock().unwrap().etcd_url();
+    let store = etcd_at(&url).await;
+    outage_fails_closed_then_recovers(
+        store,
+        ETCD_TIMINGS,
+        || server.lock().unwrap().stop_server(),
+        || server.lock().unwrap().start_server(),
+    )
+    .await;
 }
 
 /// Roles released by a non-candidate are taken by another; it contends again later.

@@ -18,8 +18,14 @@ struct Scale {
 }
 
 impl Scale {
-    const FINE: Scale = Scale { factor: 1, slack_ms: 0 };
-    const SECONDS: Scale = Scale { factor: 10, slack_ms: 1_000 };
+    const FINE: Scale = Scale {
+        factor: 1,
+        slack_ms: 0,
+    };
+    const SECONDS: Scale = Scale {
+        factor: 10,
+        slack_ms: 1_000,
+    };
 
     fn ms(self, ms: u64) -> u64 {
         ms * self.factor
@@ -158,7 +164,10 @@ async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>
     assert!(t3 > t2);
 }
 
-async fn release_lets_another_acquire_with_a_greater_token(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn release_lets_another_acquire_with_a_greater_token(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
     registered(&store, &["rel"]).await;
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "rel", None, 60_000).await.unwrap();
@@ -322,18 +331,23 @@ conformance!(postgres, postgres_store());
 
 #[cfg(feature = "redis")]
 async fn redis_store() -> Arc<dyn LeaseStore> {
-    let store = rolegate::store::RedisStore::connect(&support::redis_url(), &support::unique_table("conf"))
-        .await
-        .expect("redis config");
+    let store =
+        rolegate::store::RedisStore::connect(&support::redis_url(), &support::unique_table("conf"))
+            .await
+            .expect("redis config");
     store.migrate().await.expect("redis answers");
     Arc::new(store)
 }
 
 #[cfg(feature = "etcd")]
 async fn etcd_store() -> Arc<dyn LeaseStore> {
-    let store = rolegate::store::EtcdStore::connect(&support::etcd_url(), &support::unique_table("conf"), None)
-        .await
-        .expect("etcd config");
+    let store = rolegate::store::EtcdStore::connect(
+        &support::etcd_url(),
+        &support::unique_table("conf"),
+        None,
+    )
+    .await
+    .expect("etcd config");
     store.migrate().await.expect("etcd answers");
     Arc::new(store)
 }

@@ -666,6 +666,8 @@ class Bench:
         opened, ramp_s, failed = int(opened_line[1]), float(opened_line[2]), int(opened_line[3])
         time.sleep(0.5)
         during = {"forwarder": rss_kib(p_f.pid), "holder": rss_kib(p_h.pid)}
+        open_gauge = {"forwarder": self.metric(ports["fa"], "rolegate_open_streams"),
+                      "holder": self.metric(ports["ha"], "rolegate_open_streams")}
         t_hold0 = time.monotonic()
         cpu_hold0 = {"forwarder": cpu_ticks(p_f.pid), "holder": cpu_ticks(p_h.pid)}
         result_line = client.stdout.readline().decode()
@@ -679,9 +681,13 @@ class Bench:
         self.procs.stop(client)
         time.sleep(2.0)
         after = {"forwarder": rss_kib(p_f.pid), "holder": rss_kib(p_h.pid)}
+        open_after = {"forwarder": self.metric(ports["fa"], "rolegate_open_streams"),
+                      "holder": self.metric(ports["ha"], "rolegate_open_streams")}
+        outcomes = self.metric(ports["fa"], "rolegate_proxy_requests_total")
         for p in (p_f, p_h, p_sse):
             self.procs.stop(p)
-        res.update({"requested": requested, "nofile": nofile, "rss_before_kib": before, "rss_open_kib": during, "rss_open_end_kib": during_end,
+        res.update({"open_gauge": open_gauge, "open_gauge_after": open_after, "forwarder_outcomes": outcomes,
+                    "requested": requested, "nofile": nofile, "rss_before_kib": before, "rss_open_kib": during, "rss_open_end_kib": during_end,
                     "rss_after_close_kib": after, "opened_reported": opened, "ramp_s": ramp_s,
                     "failed": failed, "event_rate": rate, "hold_s": hold,
                     "cpu_during_hold_s": cpu_hold, "hold_wall_s": t_hold,
@@ -788,6 +794,19 @@ class Bench:
         self.results["sections"]["handover"] = out
 
     # -- section 4: store cost --------------------------------------------------
+
+    def metric(self, admin, name):
+        """{labels: value} of one metric from a gateway's /metrics."""
+        try:
+            _, body = http_get("127.0.0.1", admin, "/metrics", 5)
+        except (OSError, http.client.HTTPException):
+            return {}
+        out = {}
+        for line in body.decode().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                key, _, val = line.rpartition(" ")
+                out[key[len(name):] or "{}"] = float(val)
+        return out
 
     def metrics_counts(self, admin):
         st, body = http_get("127.0.0.1", admin, "/metrics", 5)

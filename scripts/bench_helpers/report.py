@@ -252,6 +252,25 @@ def render(res, args):
         w("The latency includes two gateway hops and the python client's and server's own scheduling; it is")
         w("an upper bound on what the gateways add.")
         w("")
+        def gauge(d):
+            return fmt_num(sum(d.values())) if d else "–"
+        w("`rolegate_open_streams` with the streams open: forwarder %s, holder %s; 2 s after the client"
+          % (gauge(sse.get("open_gauge", {}).get("forwarder")), gauge(sse.get("open_gauge", {}).get("holder"))))
+        w("closed them: forwarder %s, holder %s. The RSS after closing shows how much of the peak the"
+          % (gauge(sse.get("open_gauge_after", {}).get("forwarder")),
+             gauge(sse.get("open_gauge_after", {}).get("holder"))))
+        w("allocator keeps (glibc malloc does not return it to the kernel at once).")
+        w("")
+        if sse.get("retried") or sse.get("failed"):
+            reasons = ", ".join("%s × %d" % (k, v) for k, v in sorted(sse.get("non200_reasons", {}).items()))
+            w("**While opening**, %d attempts failed and were retried (up to 3 attempts per stream; %d streams"
+              % (sse.get("retried", 0), sse.get("failed", 0)))
+            w("failed all three). Answers other than 200: %s. The client opens %d connections at a time."
+              % (reasons or "none (connection errors)", 256))
+            w("")
+        if sse.get("dropped"):
+            w("%d streams were closed by the gateway after opening, before the client closed them." % sse["dropped"])
+            w("")
         worst = max(sse["per_stream_kib"].values())
         targets.append(("≤ 20 KiB gateway memory per open SSE stream",
                         "forwarder %.1f KiB, holder %.1f KiB (%s streams)" % (
@@ -312,9 +331,10 @@ def render(res, args):
         w("gateway's `/metrics` (`rolegate_store_round_trip_seconds_count`, all ops) divided by its ticks (its")
         w("snapshot reads, one per tick); PostgreSQL transactions from `pg_stat_database` (approximate: backends")
         w("flush their counters at most once a second); PostgreSQL CPU as utime+stime of the postmaster and all")
-        w("its children from /proc.")
+        w("its children from /proc. A holder's tick is one snapshot read and one batched claim (renewing every")
+        w("role it holds in one statement); a watcher's tick is one snapshot read.")
         w("")
-        w("| roles | round trips / tick, holder | round trips / tick, watcher (median) | mean per instance | PG transactions per instance-tick | PostgreSQL CPU | gateway CPU, holder / watcher |")
+        w("| roles | round trips / tick, holder | round trips / tick, watcher (median) | mean per instance | PG transactions per instance-tick (cross-check) | PostgreSQL CPU | gateway CPU, holder / watcher |")
         w("|---:|---:|---:|---:|---:|---:|---:|")
         for r in st["rows"]:
             w("| %d | %s | %s | %s | %s | %.1f%% of a core (%.0f ms/s) | %.1f%% / %.1f%% |" % (
@@ -369,19 +389,18 @@ def render(res, args):
         w("")
 
     # ---------------------------------------------------------------- targets
-    w("## Targets")
-    w("")
-    w("Goals from the benchmark issue, not test assertions.")
-    w("")
-    w("| target | result | |")
-    w("|---|---|---|")
+    T = ["## Targets", "", "Goals from the benchmark issue, not test assertions.", "",
+         "| target | result | |", "|---|---|---|"]
     for name, result, ok in targets:
-        w("| %s | %s | %s |" % (name, result, yes(ok)))
-    w("")
+        T.append("| %s | %s | %s |" % (name, result, yes(ok)))
+    T.append("")
     times = res.get("section_times", {})
     if times:
-        w("Section times: " + ", ".join("%s %s" % (k.replace("_", " "), dur(v)) for k, v in times.items()) + ".")
-        w("")
+        T.append("Section times: " + ", ".join("%s %s" % (k.replace("_", " "), dur(v)) for k, v in times.items())
+                 + (("; build %s" % dur(args.build_seconds)) if args.build_seconds is not None else "") + ".")
+        T.append("")
+    at = L.index("## 1. Request path")
+    L[at:at] = T
     w("## Reproduce")
     w("")
     w("```sh")

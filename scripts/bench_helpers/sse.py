@@ -127,6 +127,9 @@ class Client:
         self.host, self.port, self.path = m.group(1), int(m.group(2)), m.group(3)
         self.opened = 0
         self.failed = 0
+        self.retried = 0
+        self.dropped = 0
+        self.reasons = {}
         self.open_now = 0
         self.measuring = False
         self.latencies = []
@@ -135,7 +138,17 @@ class Client:
         self.tasks = []
 
     async def one(self, i, sem, ready):
+        """Opens stream i (up to 3 attempts) and reads it until stopped."""
+        for attempt in range(3):
+            err = await self.attempt(i, sem, ready, last=attempt == 2)
+            if err is None:
+                return
+            self.retried += 1
+            await asyncio.sleep(0.1)
+
+    async def attempt(self, i, sem, ready, last):
         writer = None
+        opened = False
         try:
             async with sem:
                 # Spread source addresses over 127.0.0.0/8 so 10k+ streams never
@@ -147,13 +160,22 @@ class Client:
                               % (self.path, self.host, self.port)).encode())
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
                 if b" 200 " not in head.split(b"\r\n", 1)[0]:
-                    raise ConnectionError("status " + head.split(b"\r\n", 1)[0].decode("latin-1"))
+                    body = b""
+                    try:
+                        body = await asyncio.wait_for(reader.read(600), 1)
+                    except (asyncio.TimeoutError, OSError):
+                        pass
+                    m = re.search(rb'"reason":"([a-z-]+)"', body)
+                    reason = m.group(1).decode() if m else head.split(b"\r\n", 1)[0].decode("latin-1")
+                    self.reasons[reason] = self.reasons.get(reason, 0) + 1
+                    raise ConnectionError("status " + reason)
                 buf = b""
                 while b": open" not in buf:
                     data = await asyncio.wait_for(reader.read(4096), 10)
                     if not data:
                         raise ConnectionError("closed before the first event")
                     buf += data
+            opened = True
             self.opened += 1
             self.open_now += 1
             if self.opened + self.failed >= self.args.streams:
@@ -165,20 +187,28 @@ class Client:
                     break
                 now = time.monotonic_ns()
                 buf = tail + data
-                last = 0
+                end = 0
                 for m in EVENT.finditer(buf):
                     self.events_total += 1
                     if self.measuring:
                         self.latencies.append(now - int(m.group(1)))
-                    last = m.end()
-                tail = buf[last:][-512:]
+                    end = m.end()
+                tail = buf[end:][-512:]
             self.open_now -= 1
+            return None
         except (asyncio.TimeoutError, ConnectionError, OSError, asyncio.IncompleteReadError) as e:
-            self.failed += 1
-            if self.failed <= 3:
-                print("stream %d failed: %r" % (i, e), file=sys.stderr, flush=True)
-            if self.opened + self.failed >= self.args.streams:
-                ready.set()
+            if opened:
+                self.open_now -= 1
+                self.dropped += 1
+                return None
+            if self.retried + self.failed < 5:
+                print("stream %d attempt failed: %r" % (i, e), file=sys.stderr, flush=True)
+            if last:
+                self.failed += 1
+                if self.opened + self.failed >= self.args.streams:
+                    ready.set()
+                return None
+            return e
         finally:
             if writer is not None:
                 try:
@@ -215,6 +245,7 @@ class Client:
         result = {
             "streams": self.args.streams, "opened": self.opened, "failed": self.failed,
             "still_open": still_open, "ramp_s": round(ramp, 3), "events": len(lat),
+            "retried": self.retried, "dropped": self.dropped, "non200_reasons": self.reasons,
             "p50_us": pct(50), "p90_us": pct(90), "p99_us": pct(99), "p999_us": pct(99.9),
             "max_us": lat[-1] / 1000.0 if lat else None,
         }

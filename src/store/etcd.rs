@@ -15,14 +15,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn,
-    TxnOp, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, Txn, TxnOp, WatchOptions,
 };
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::FutureExt;
 use tokio::sync::{mpsc, Mutex};
 
-use super::{check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+use super::{
+    check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
+    StoreError,
+};
 
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
@@ -80,7 +83,9 @@ impl EtcdStore {
         if let Some((u, p)) = user {
             options = options.with_user(u, p);
         }
-        let client = Client::connect(eps, Some(options)).await.map_err(unavailable)?;
+        let client = Client::connect(eps, Some(options))
+            .await
+            .map_err(unavailable)?;
         Ok(Self {
             client,
             ns: namespace.to_string(),
@@ -102,7 +107,11 @@ impl EtcdStore {
 
     /// Keeps the instance's lease alive (granting one if needed); returns its
     /// id and TTL. The keep-alive leaves after the caller's `t_sent`.
-    async fn keep_alive(&self, instance: &str, need: Duration) -> Result<(i64, Duration), StoreError> {
+    async fn keep_alive(
+        &self,
+        instance: &str,
+        need: Duration,
+    ) -> Result<(i64, Duration), StoreError> {
         let mut leases = self.leases.lock().await;
         if let Some(l) = leases.get_mut(instance) {
             let alive = async {
@@ -110,7 +119,9 @@ impl EtcdStore {
                 match l.stream.message().await.map_err(unavailable)? {
                     Some(resp) if resp.ttl() > 0 => Ok(true),
                     Some(_) => Ok(false),
-                    None => Err(StoreError::Unavailable("lease keep-alive stream closed".into())),
+                    None => Err(StoreError::Unavailable(
+                        "lease keep-alive stream closed".into(),
+                    )),
                 }
             }
             .await;
@@ -129,7 +140,10 @@ impl EtcdStore {
         let secs = need.as_millis().div_ceil(1000).max(1) as i64;
         let mut c = self.client.clone();
         let granted = c.lease_grant(secs, None).await.map_err(unavailable)?;
-        let (keeper, stream) = c.lease_keep_alive(granted.id()).await.map_err(unavailable)?;
+        let (keeper, stream) = c
+            .lease_keep_alive(granted.id())
+            .await
+            .map_err(unavailable)?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
         leases.insert(
             instance.to_string(),
@@ -153,8 +167,12 @@ impl EtcdStore {
         let mut out = BTreeMap::new();
         for kv in resp.kvs() {
             let Ok(key) = kv.key_str() else { continue };
-            let Some(role) = key.strip_prefix(&prefix) else { continue };
-            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else { continue };
+            let Some(role) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
+                continue;
+            };
             out.insert(
                 role.to_string(),
                 RoleKey {
@@ -169,11 +187,20 @@ impl EtcdStore {
     }
 
     /// Creates the role key if absent; the token is the creating revision.
-    async fn acquire(&self, role: &str, value: &[u8], lease: i64) -> Result<Option<u64>, StoreError> {
+    async fn acquire(
+        &self,
+        role: &str,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<u64>, StoreError> {
         let key = self.lease_key(role);
         let txn = Txn::new()
             .when([Compare::version(key.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(key, value.to_vec(), Some(PutOptions::new().with_lease(lease)))]);
+            .and_then([TxnOp::put(
+                key,
+                value.to_vec(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
         let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
         Ok(resp
             .succeeded()
@@ -182,7 +209,9 @@ impl EtcdStore {
     }
 
     async fn delete_if(&self, role: &str, cmp: Compare) -> Result<bool, StoreError> {
-        let txn = Txn::new().when([cmp]).and_then([TxnOp::delete(self.lease_key(role), None)]);
+        let txn = Txn::new()
+            .when([cmp])
+            .and_then([TxnOp::delete(self.lease_key(role), None)]);
         let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
         Ok(resp.succeeded())
     }
@@ -211,7 +240,11 @@ impl LeaseStore for EtcdStore {
                     .iter()
                     .map(|r| TxnOp::put(format!("{}{r}", self.known_prefix()), Vec::new(), None))
                     .collect();
-                self.client.clone().txn(Txn::new().and_then(ops)).await.map_err(unavailable)?;
+                self.client
+                    .clone()
+                    .txn(Txn::new().and_then(ops))
+                    .await
+                    .map_err(unavailable)?;
             }
             Ok(())
         }
@@ -324,7 +357,10 @@ impl LeaseStore for EtcdStore {
         .boxed()
     }
 
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let current = self.read_roles().await?;
             let names: Vec<String> = if roles.is_empty() {
@@ -332,7 +368,10 @@ impl LeaseStore for EtcdStore {
                 let resp = self
                     .client
                     .clone()
-                    .get(prefix.clone(), Some(GetOptions::new().with_prefix().with_keys_only()))
+                    .get(
+                        prefix.clone(),
+                        Some(GetOptions::new().with_prefix().with_keys_only()),
+                    )
                     .await
                     .map_err(unavailable)?;
                 let mut names: Vec<String> = resp
@@ -353,7 +392,15 @@ impl LeaseStore for EtcdStore {
             lease_ids.dedup();
             let ttls = join_all(lease_ids.iter().map(|&id| {
                 let mut c = self.client.clone();
-                async move { (id, c.lease_time_to_live(id, None).await.map(|r| r.ttl()).unwrap_or(0)) }
+                async move {
+                    (
+                        id,
+                        c.lease_time_to_live(id, None)
+                            .await
+                            .map(|r| r.ttl())
+                            .unwrap_or(0),
+                    )
+                }
             }))
             .await;
             let ttl: HashMap<i64, i64> = ttls.into_iter().collect();
@@ -365,7 +412,9 @@ impl LeaseStore for EtcdStore {
                         holder: Some(k.holder.holder.clone()),
                         holder_address: Some(k.holder.address.clone()),
                         token: k.token,
-                        remaining: Duration::from_secs(ttl.get(&k.lease).copied().unwrap_or(0).max(0) as u64),
+                        remaining: Duration::from_secs(
+                            ttl.get(&k.lease).copied().unwrap_or(0).max(0) as u64,
+                        ),
                     },
                     None => LeaseRecord {
                         role: role.clone(),

@@ -15,7 +15,10 @@ use futures_util::{FutureExt, StreamExt};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, Mutex};
 
-use super::{check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, StoreError};
+use super::{
+    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, StoreError,
+};
 
 const CLAIM: &str = r#"
 -- KEYS: lease1, token1, lease2, token2, ...   ARGV: id, address, channel, held1, ms1, held2, ms2, ...
@@ -97,7 +100,8 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 impl RedisStore {
     /// `url`: `redis://[:password@]host:port[/db]`. Connects lazily.
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| StoreError::Config(format!("store.url: {e}")))?;
+        let client =
+            redis::Client::open(url).map_err(|e| StoreError::Config(format!("store.url: {e}")))?;
         Ok(Self {
             client,
             conn: Mutex::new(None),
@@ -154,7 +158,10 @@ impl RedisStore {
                 .query_async(&mut c)
                 .await
                 .map_err(unavailable)?;
-            roles.extend(keys.into_iter().filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned)));
+            roles.extend(
+                keys.into_iter()
+                    .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned)),
+            );
             if next == 0 {
                 break;
             }
@@ -174,7 +181,10 @@ impl LeaseStore for RedisStore {
         // Nothing to create; check the server answers.
         async move {
             let mut c = self.conn().await?;
-            let _: String = redis::cmd("PING").query_async(&mut c).await.map_err(unavailable)?;
+            let _: String = redis::cmd("PING")
+                .query_async(&mut c)
+                .await
+                .map_err(unavailable)?;
             Ok(())
         }
         .boxed()
@@ -204,9 +214,12 @@ impl LeaseStore for RedisStore {
             check_claims(claims)?;
             let mut c = self.conn().await?;
             let mut inv = self.claim.prepare_invoke();
-            inv.arg(&instance.id).arg(&instance.address).arg(self.channel());
+            inv.arg(&instance.id)
+                .arg(&instance.address)
+                .arg(self.channel());
             for cl in claims {
-                inv.key(self.lease_key(&cl.role)).key(self.token_key(&cl.role));
+                inv.key(self.lease_key(&cl.role))
+                    .key(self.token_key(&cl.role));
                 inv.arg(cl.held_token.map(|t| t.to_string()).unwrap_or_default())
                     .arg(millis(cl.duration));
             }
@@ -240,13 +253,19 @@ impl LeaseStore for RedisStore {
             let out: Vec<i64> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
             Ok(out
                 .into_iter()
-                .filter_map(|i| held.get(usize::try_from(i).ok()?.checked_sub(1)?).map(|(r, _)| r.clone()))
+                .filter_map(|i| {
+                    held.get(usize::try_from(i).ok()?.checked_sub(1)?)
+                        .map(|(r, _)| r.clone())
+                })
                 .collect())
         }
         .boxed()
     }
 
-    fn snapshot<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [String],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let all;
             let roles = if roles.is_empty() {
@@ -300,7 +319,10 @@ impl LeaseStore for RedisStore {
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
             let mut pubsub = self.client.get_async_pubsub().await.map_err(unavailable)?;
-            pubsub.subscribe(self.channel()).await.map_err(unavailable)?;
+            pubsub
+                .subscribe(self.channel())
+                .await
+                .map_err(unavailable)?;
             let (tx, feed) = mpsc::channel(1);
             tokio::spawn(async move {
                 let mut messages = pubsub.into_on_message();

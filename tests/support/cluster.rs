@@ -330,6 +330,29 @@ impl ClusterSpec {
         }
     }
 
+    /// Gateways on any store kind and URL.
+    pub fn store(kind: &str, url: &str, tag: &str) -> Self {
+        Self {
+            store_yaml: format!(
+                "store:\n  kind: {kind}\n  url: {url}\n  table: {}\n",
+                super::unique_table(tag)
+            ),
+            ..Self::postgres_lazy()
+        }
+    }
+
+    fn postgres_lazy() -> Self {
+        Self {
+            store_yaml: String::new(),
+            extra_yaml: String::new(),
+            lease_yaml: "lease:\n  duration: 3s\n  renew_interval: 500ms\n  safety_margin: 1s\n"
+                .into(),
+            proxy_yaml: String::new(),
+            upstream_yaml: String::new(),
+            wait_ready: true,
+        }
+    }
+
     /// Gateways on a given PostgreSQL URL.
     pub fn postgres_at(url: &str, tag: &str) -> Self {
         Self {

@@ -249,7 +249,8 @@ impl PrivateServer {
     /// A Redis with an append-only file, so its data survives a restart.
     pub fn redis() -> Self {
         let port = free_port();
-        let dir = std::env::temp_dir().join(format!("rolegate-redis-{}-{port}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("rolegate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let args = vec![
             "--port".into(),
@@ -265,7 +266,13 @@ impl PrivateServer {
             "--save".into(),
             "".into(),
         ];
-        let mut s = Self { program: require_binary("redis-server"), args, child: None, dir, port };
+        let mut s = Self {
+            program: require_binary("redis-server"),
+            args,
+            child: None,
+            dir,
+            port,
+        };
         s.start_server();
         s
     }
@@ -294,7 +301,13 @@ impl PrivateServer {
             "--initial-cluster".into(),
             format!("t={peer_url}"),
         ];
-        let mut s = Self { program: require_binary("etcd"), args, child: None, dir, port };
+        let mut s = Self {
+            program: require_binary("etcd"),
+            args,
+            child: None,
+            dir,
+            port,
+        };
         s.start_server();
         s
     }
@@ -318,7 +331,11 @@ impl PrivateServer {
         self.child = Some(child);
         let start = Instant::now();
         while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "{} did not start", self.program.display());
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "{} did not start",
+                self.program.display()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
