@@ -81,7 +81,7 @@ async fn registered(store: &Arc<dyn LeaseStore>, roles: &[&str]) {
     store.register(&roles).await.expect("register again");
 }
 
-async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>, _scale: Scale) {
     registered(&store, &["alpha"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "alpha", None, 5_000)
@@ -117,7 +117,7 @@ async fn concurrent_acquirers_have_exactly_one_winner(store: Arc<dyn LeaseStore>
     }
 }
 
-async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>, _scale: Scale) {
     registered(&store, &["r"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "r", None, 2_000).await.unwrap();
@@ -166,7 +166,7 @@ async fn renewal_of_an_expired_term_starts_a_new_term(store: Arc<dyn LeaseStore>
 
 async fn release_lets_another_acquire_with_a_greater_token(
     store: Arc<dyn LeaseStore>,
-    scale: Scale,
+    _scale: Scale,
 ) {
     registered(&store, &["rel"]).await;
     let (a, b) = (instance(1), instance(2));
@@ -193,7 +193,7 @@ async fn release_lets_another_acquire_with_a_greater_token(
     assert!(t2 > t1);
 }
 
-async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore>, _scale: Scale) {
     registered(&store, &["s1", "s2", "s3"]).await;
     let (a, b) = (instance(1), instance(2));
     let t1 = grant(&*store, &a, "s1", None, 10_000).await.unwrap();
@@ -217,7 +217,10 @@ async fn snapshot_reports_holders_tokens_and_time_left(store: Arc<dyn LeaseStore
     assert!(all.len() >= 3);
 }
 
-async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn release_notification_reaches_a_waiting_instance(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
     registered(&store, &["n"]).await;
     let a = instance(1);
     let t = grant(&*store, &a, "n", None, 60_000).await.unwrap();
@@ -232,7 +235,7 @@ async fn release_notification_reaches_a_waiting_instance(store: Arc<dyn LeaseSto
         .expect("feed open");
 }
 
-async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>, _scale: Scale) {
     let a = instance(1);
     let long = "r".repeat(129);
     match store.claim(&a, &[claim(&long, None, 1_000)]).await {
@@ -245,7 +248,7 @@ async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>, scale: Sca
     assert!(grant(&*store, &a, &ok, None, 1_000).await.is_some());
 }
 
-async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>, scale: Scale) {
+async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>, _scale: Scale) {
     let names: Vec<String> = (0..300).map(|i| format!("batch:partition-{i}")).collect();
     store.register(&names).await.unwrap();
     let a = instance(1);
