@@ -30,7 +30,12 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gateway (the default).
-    Run,
+    Run {
+        /// Append a JSON-lines log of held intervals and local admissions
+        /// (CLOCK_MONOTONIC nanoseconds) to FILE, for fault-injection checks.
+        #[arg(long, value_name = "FILE")]
+        events: Option<PathBuf>,
+    },
     /// Validate the config and print it resolved (exit 2 when refused).
     CheckConfig,
     /// Apply the store schema.

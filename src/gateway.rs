@@ -40,6 +40,8 @@ pub struct GatewayState {
     settings: GateSettings,
     upstream: String,
     pub coordinator: Coordinator,
+    /// `--events`: local admissions are logged here.
+    pub events: Option<Arc<crate::events::EventLog>>,
 }
 
 impl GatewayState {
@@ -82,6 +84,7 @@ impl GatewayState {
             },
             upstream,
             coordinator,
+            events: None,
         })
     }
 
@@ -103,6 +106,14 @@ impl GatewayState {
         let forwarded = self.settings.take_hop(&mut req);
         let (resp, outcome) = match target.decide(req.uri(), req.headers(), forwarded) {
             Decision::Local(lease) => {
+                if let Some(log) = &self.events {
+                    log.admitted(
+                        &self.settings.instance_id,
+                        &lease.role,
+                        lease.token,
+                        lease.checked_at,
+                    );
+                }
                 self.to_upstream(req, client, Some((lease.role, lease.token)))
                     .await
             }
@@ -277,7 +288,7 @@ pub async fn serve(listener: TcpListener, state: Arc<GatewayState>, tracker: Con
 }
 
 /// `rolegate run`: runs until SIGTERM/SIGINT, then drains and releases.
-pub async fn run(path: &Path) -> ExitCode {
+pub async fn run(path: &Path, events: Option<&Path>) -> ExitCode {
     let config = match crate::cli::load_config(path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -289,7 +300,14 @@ pub async fn run(path: &Path) -> ExitCode {
         );
         return ExitCode::from(EXIT_CONFIG);
     }
-    match run_config(config).await {
+    let events = match events.map(crate::events::EventLog::create).transpose() {
+        Ok(e) => e.map(Arc::new),
+        Err(e) => {
+            eprintln!("error: cannot open the event log: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    match run_config(config, events).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -298,7 +316,10 @@ pub async fn run(path: &Path) -> ExitCode {
     }
 }
 
-async fn run_config(config: Config) -> Result<(), String> {
+async fn run_config(
+    config: Config,
+    events: Option<Arc<crate::events::EventLog>>,
+) -> Result<(), String> {
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
@@ -329,16 +350,23 @@ async fn run_config(config: Config) -> Result<(), String> {
             }
         });
     }
-    let coordinator = CoordinatorBuilder::from_config(&config, store)
-        .advertise(advertise.clone())
-        .start()
-        .map_err(|e| e.to_string())?;
+    let mut builder = CoordinatorBuilder::from_config(&config, store).advertise(advertise.clone());
+    if let Some(log) = &events {
+        let log = log.clone();
+        builder = builder.on_lease_event(move |e| log.lease(&e));
+    }
+    let coordinator = builder.start().map_err(|e| e.to_string())?;
+    if let Some(log) = &events {
+        log.started(coordinator.instance_id());
+    }
     let forwarder = Forwarder::new(
         config.proxy.connect_timeout,
         config.proxy.response_header_timeout,
     )
     .map_err(|e| e.to_string())?;
-    let state = Arc::new(GatewayState::new(&config, coordinator.clone(), forwarder)?);
+    let mut state = GatewayState::new(&config, coordinator.clone(), forwarder)?;
+    state.events = events;
+    let state = Arc::new(state);
     tracing::info!(
         instance = coordinator.instance_id(),
         listen = %bound,

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod events;
 pub mod gateway;
 pub mod identity;
 pub mod lease;

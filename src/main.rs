@@ -19,8 +19,10 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        match args.command.unwrap_or(Command::Run) {
-            Command::Run => rolegate::gateway::run(&args.config).await,
+        match args.command.unwrap_or(Command::Run { events: None }) {
+            Command::Run { events } => {
+                rolegate::gateway::run(&args.config, events.as_deref()).await
+            }
             Command::CheckConfig => cli::check_config(&args.config).await,
             Command::Migrate => cli::migrate(&args.config).await,
             Command::Status { json } => cli::status(&args.config, json).await,

@@ -61,6 +61,13 @@ pub enum LeaseEvent {
         /// Local trust deadline at the start; later renewals extend it.
         until: Instant,
     },
+    /// The term was renewed: belief now lasts until `until`.
+    Renewed {
+        instance: Arc<str>,
+        role: Arc<str>,
+        token: u64,
+        until: Instant,
+    },
     Ended {
         instance: Arc<str>,
         role: Arc<str>,
@@ -467,6 +474,7 @@ impl Coordinator {
                 lease: HeldLease {
                     role: role.into(),
                     token: g.token,
+                    checked_at: Instant::now(),
                 },
                 valid_until,
             })
@@ -531,11 +539,15 @@ impl RoleLease {
         if self.shared.draining.load(Ordering::Acquire) {
             return None;
         }
+        // The guard is held while checking: a term that ends is only recorded
+        // as ended once no reader still looks at the snapshot showing it.
         let snap = self.shared.snapshot.load();
         let state = &snap.roles[self.idx];
-        state.held_now(Instant::now()).then(|| HeldLease {
+        let now = Instant::now();
+        state.held_now(now).then(|| HeldLease {
             role: state.name.clone(),
             token: state.token,
+            checked_at: now,
         })
     }
 
@@ -599,7 +611,8 @@ impl RolePartition {
         let snap = self.shared.snapshot.load();
         let state = &snap.roles[idx];
         let draining = self.shared.draining.load(Ordering::Acquire);
-        let held = !draining && state.held_now(Instant::now());
+        let now = Instant::now();
+        let held = !draining && state.held_now(now);
         let holder = holder_of(&self.shared, state);
         PartitionResolution {
             role: state.name.clone(),
@@ -607,6 +620,7 @@ impl RolePartition {
             held,
             token: held.then_some(state.token),
             holder_address: holder.filter(|h| held || !h.here).map(|h| h.address),
+            checked_at: now,
         }
     }
 
@@ -896,6 +910,7 @@ impl HeartbeatLoop {
         let granted: HashMap<&str, u64> =
             grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
         let mut tally = OpTally::default();
+        let mut renewed = Vec::new();
         for &i in &which {
             let meta = &shared.roles[i];
             let renewing = self.roles[i].held.is_some();
@@ -904,7 +919,12 @@ impl HeartbeatLoop {
                 Some(&token) if t_recv < deadline => {
                     tally.add(renewing, "granted");
                     match self.roles[i].held {
-                        Some(ref mut h) if h.token == token => h.held_until = deadline,
+                        Some(ref mut h) if h.token == token => {
+                            h.held_until = deadline;
+                            if h.published {
+                                renewed.push((i, token, deadline));
+                            }
+                        }
                         _ => {
                             // A new term. An older one still believed ends with this publish.
                             self.end_term(i);
@@ -953,6 +973,16 @@ impl HeartbeatLoop {
             }
         }
         tally.emit();
+        if self.shared.hook.is_some() {
+            for (i, token, until) in renewed {
+                self.emit(LeaseEvent::Renewed {
+                    instance: shared.instance_id.clone(),
+                    role: shared.roles[i].name.clone(),
+                    token,
+                    until,
+                });
+            }
+        }
     }
 
     async fn read_snapshot(&mut self) {
@@ -1056,8 +1086,17 @@ impl HeartbeatLoop {
             candidate: self.shared.candidate.load(Ordering::Acquire),
             draining: self.shared.draining.load(Ordering::Acquire),
         };
-        self.shared.snapshot.store(Arc::new(snapshot));
-        // From here no reader can see the ended terms any more.
+        let previous = self.shared.snapshot.swap(Arc::new(snapshot));
+        if !self.ended.is_empty() {
+            // Readers hold the snapshot only while checking. Once the previous
+            // one has no reader left, nobody can still believe an ended term:
+            // that instant is the term's recorded end.
+            let start = Instant::now();
+            while Arc::strong_count(&previous) > 1 && start.elapsed() < Duration::from_millis(100) {
+                std::thread::yield_now();
+            }
+        }
+        drop(previous);
         let stored = Instant::now();
         for (i, h) in std::mem::take(&mut self.ended) {
             self.emit(LeaseEvent::Ended {

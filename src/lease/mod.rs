@@ -41,6 +41,8 @@ pub struct PartitionSpec {
 pub struct HeldLease {
     pub role: std::sync::Arc<str>,
     pub token: u64,
+    /// When the lease was verified held (monotonic clock).
+    pub checked_at: std::time::Instant,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

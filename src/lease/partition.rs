@@ -45,6 +45,8 @@ pub struct PartitionResolution {
     pub token: Option<u64>,
     /// The holder's advertise address, when known and unexpired.
     pub holder_address: Option<Arc<str>>,
+    /// When `held` was judged (monotonic clock).
+    pub checked_at: std::time::Instant,
 }
 
 #[cfg(test)]

@@ -44,7 +44,7 @@ impl GateTarget {
 
     /// Decides from the local snapshot only; no I/O.
     pub fn decide(&self, uri: &Uri, headers: &HeaderMap, forwarded: bool) -> Decision {
-        let (role, held, holder) = match self {
+        let (role, held, holder, checked_at) = match self {
             GateTarget::Role(lease) => {
                 if let Some(guard) = lease.guard() {
                     return Decision::Local(guard);
@@ -53,7 +53,12 @@ impl GateTarget {
                     .current_holder()
                     .filter(|h| !h.here)
                     .map(|h| h.address);
-                (lease.name().clone(), None, holder)
+                (
+                    lease.name().clone(),
+                    None,
+                    holder,
+                    std::time::Instant::now(),
+                )
             }
             GateTarget::Partition {
                 partition,
@@ -74,11 +79,15 @@ impl GateTarget {
                     None => partition.resolve(&k),
                 };
                 let held = r.token.filter(|_| r.held);
-                (r.role, held, r.holder_address)
+                (r.role, held, r.holder_address, r.checked_at)
             }
         };
         if let Some(token) = held {
-            return Decision::Local(HeldLease { role, token });
+            return Decision::Local(HeldLease {
+                role,
+                token,
+                checked_at,
+            });
         }
         let problem = |reason, detail: String| {
             Decision::Reject(
