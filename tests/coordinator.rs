@@ -67,6 +67,7 @@ impl EventLog {
                         "term began twice"
                     );
                 }
+                LeaseEvent::Renewed { .. } => {}
                 LeaseEvent::Ended {
                     instance,
                     role,

@@ -552,6 +552,19 @@ class Bench:
                               (ports["ng2b"], "nginx-2hop-b", p2b), (ports["ha"], "haproxy", p_ha)):
             self.wait_port(port, name, p)
 
+        # The processes of each contender's proxy (not the shared upstream),
+        # for CPU time per request.
+        cpu_pids = {
+            "direct": [], "rolegate holder": [p_h.pid], "rolegate forwarded": [p_f.pid, p_h.pid],
+            "nginx 1 hop": [p1.pid], "nginx 2 hops": [p2a.pid, p2b.pid], "HAProxy 1 hop": [p_ha.pid],
+        }
+
+        def proxy_ticks(name):
+            return sum(cpu_ticks(p) + sum(cpu_ticks(c) for c in children_of(p)) for p in cpu_pids[name])
+
+        def up_ticks():
+            return cpu_ticks(p_up.pid) + sum(cpu_ticks(c) for c in children_of(p_up.pid))
+
         contenders = [
             ("direct", 0, up),
             ("rolegate holder", 1, ports["holder"]),
@@ -582,7 +595,11 @@ class Bench:
             for size in sizes:
                 for name, _, port in order:
                     url = "http://127.0.0.1:%d/r/%dk" % (port, sizes[size] // 1024)
+                    c0, u0 = proxy_ticks(name), up_ticks()
                     r = self.wrk(url, sat_s, conns)
+                    c1, u1 = proxy_ticks(name), up_ticks()
+                    r["proxy_cpu_us_per_req"] = (c1 - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
+                    r["upstream_cpu_us_per_req"] = (u1 - u0) / CLK_TCK * 1e6 / max(1, r["requests"])
                     sat[(name, size)].append(r)
                     log("saturation round %d %-19s %-6s %9.0f req/s p99 %s errors %d" % (
                         rnd + 1, name, size, r["rps"], fmt_us(r["p99"]), r["errors"]))
@@ -632,7 +649,7 @@ class Bench:
                 "SSE: %d streams instead of %d: the open-file limit is %d per process and could not be "
                 "raised (no CAP_SYS_RESOURCE here), and a gateway needs two descriptors per stream."
                 % (n, requested, nofile))
-        hold = 5.0 if self.quick else 10.0
+        hold = 3.0 if self.quick else 10.0
         rate = 1000 if self.quick else 2000
         d = self.workdir
         sse_port = free_port()
@@ -820,7 +837,7 @@ class Bench:
     def section_store(self):
         pg = self.start_pg()
         instances = 10
-        window = 5.0 if self.quick else 10.0
+        window = 3.0 if self.quick else 10.0
         timings = ("3s", "1s", "500ms")
         up = free_port()
         p_up = self.start_nginx("st-upstream", nginx_upstream_conf(self.workdir, "st-upstream", up))
@@ -956,6 +973,40 @@ class Bench:
             log("kept %s" % self.workdir)
 
 
+def cpu_activity(seconds=1.0):
+    """Busy share of each CPU over `seconds`, and the processes that used the
+    most CPU meanwhile (to show what else competes with the benchmark)."""
+    def per_cpu():
+        out = {}
+        with open("/proc/stat") as f:
+            for line in f:
+                if re.match(r"cpu\d+ ", line):
+                    v = [int(x) for x in line.split()[1:]]
+                    out[line.split()[0]] = (sum(v) - v[3] - v[4], sum(v))
+        return out
+
+    def procs():
+        out = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open("/proc/%s/stat" % d) as f:
+                        st = f.read()
+                    name = st[st.index("(") + 1:st.rindex(")")]
+                    fields = st.rsplit(")", 1)[1].split()
+                    out[int(d)] = (name, int(fields[11]) + int(fields[12]))
+                except (OSError, ValueError):
+                    continue
+        return out
+    a, pa = per_cpu(), procs()
+    time.sleep(seconds)
+    b, pb = per_cpu(), procs()
+    busy = {k: 100.0 * (b[k][0] - a[k][0]) / max(1, b[k][1] - a[k][1]) for k in b if k in a}
+    top = sorted(((pb[p][1] - pa[p][1], pb[p][0]) for p in pb if p in pa and p != os.getpid()), reverse=True)
+    top = [(name, 100.0 * t / CLK_TCK / seconds) for t, name in top[:5] if t > 0]
+    return {"busy_pct": busy, "top": top}
+
+
 def raise_nofile():
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     for want in (1 << 20, 262144, 131072, 65536):
@@ -992,10 +1043,12 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     load_before = os.getloadavg()
+    b.results["activity_before"] = cpu_activity(1.0)
     try:
         b.run()
     finally:
         b.cleanup()
+    b.results["activity_after"] = cpu_activity(1.0)
     b.results["nofile"] = nofile
     b.results["load_before"] = load_before
     b.results["load_after"] = os.getloadavg()
