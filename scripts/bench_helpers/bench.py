@@ -513,8 +513,8 @@ class Bench:
     def section_request_path(self):
         q = self.quick
         rounds = self.a.rounds or (2 if q else 3)
-        sat_s = 1 if q else 4
-        ol_s = 1.0 if q else 4.0
+        sat_s = 1 if q else 3
+        ol_s = 1.0 if q else 3.0
         ol_warm = 0.25 if q else 0.5
         conns = 64
         d = self.workdir
@@ -586,6 +586,7 @@ class Bench:
         log("request path: warm-up")
         for name, _, port in contenders:
             self.wrk("http://127.0.0.1:%d/r/1k" % port, 1, conns)
+        rss0 = {"holder": rss_kib(p_h.pid), "forwarder": rss_kib(p_f.pid)}
 
         sat = {(c[0], s): [] for c in contenders for s in sizes}
         for rnd in range(rounds):
@@ -626,9 +627,20 @@ class Bench:
                         rates[size], rnd + 1, name, size, fmt_us(r["p50_us"]), fmt_us(r["p99_us"]),
                         fmt_us(r["p999_us"]), r["errors"] + r["non2xx"], r["unsent"]))
 
+        # Gateway memory after all that traffic, with /metrics never scraped.
+        rss1 = {"holder": rss_kib(p_h.pid), "forwarder": rss_kib(p_f.pid)}
+        served = {
+            "holder": sum(r["requests"] for k, v in sat.items() if k[0].startswith("rolegate") for r in v)
+            + sum(r["completed"] for k, v in fixed.items() if k[0].startswith("rolegate") for r in v),
+            "forwarder": sum(r["requests"] for k, v in sat.items() if k[0] == "rolegate forwarded" for r in v)
+            + sum(r["completed"] for k, v in fixed.items() if k[0] == "rolegate forwarded" for r in v),
+        }
+        http_get("127.0.0.1", ports["holder_admin"], "/metrics", 10)
+        http_get("127.0.0.1", ports["fwd_admin"], "/metrics", 10)
         for p in (p_f, p_h, p1, p2a, p2b, p_ha, p_up):
             self.procs.stop(p)
         self.results["sections"]["request_path"] = {
+            "gateway_rss_kib_before": rss0, "gateway_rss_kib_after": rss1, "gateway_requests": served,
             "rounds": rounds, "sat_seconds": sat_s, "fixed_seconds": ol_s, "fixed_warmup": ol_warm,
             "wrk_connections": conns, "rates": rates, "sizes": list(sizes),
             "contenders": [(c[0], c[1]) for c in contenders],
@@ -1034,7 +1046,18 @@ def main():
     ap.add_argument("--build-seconds", type=float, default=None)
     ap.add_argument("--started", type=float, default=None, help="unix time the wrapper started")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    ap.add_argument("--render-only", default=None, metavar="JSON",
+                    help="only rewrite the document from a results file written by --json")
     args = ap.parse_args()
+    sys.path.insert(0, HERE)
+    import report  # noqa: E402
+    if args.render_only:
+        with open(args.render_only) as f:
+            res = json.load(f)
+        with open(args.out, "w") as f:
+            f.write(report.render(res, args))
+        log("wrote %s" % args.out)
+        return 0
     nofile = raise_nofile()
     b = Bench(args)
 
@@ -1052,11 +1075,11 @@ def main():
     b.results["nofile"] = nofile
     b.results["load_before"] = load_before
     b.results["load_after"] = os.getloadavg()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(b.results, f, indent=1, default=str)
-    sys.path.insert(0, HERE)
-    import report  # noqa: E402
+    # The raw results are always saved first, so a rendering problem loses nothing.
+    raw = args.json or os.path.join(tempfile.gettempdir(), "rolegate-bench-results.json")
+    with open(raw, "w") as f:
+        json.dump(b.results, f, indent=1, default=str)
+    log("raw results in %s (re-render with --render-only %s)" % (raw, raw))
     text = report.render(b.results, args)
     with open(args.out, "w") as f:
         f.write(text)

@@ -177,7 +177,7 @@ def render(res, args):
                 rps_ref = med([r["rps"] for r in sat(rf, size)]) if rf else None
                 p99_ref = med([r["p99"] for r in sat(rf, size)]) if rf else None
                 rps_direct = med([r["rps"] for r in sat("direct", size)])
-                w("| %s | %d | %s (%s–%s) | %s | %s (%s–%s) | %s | %s | %s | %s | %d |" % (
+                w("| %s | %d | %s (%s–%s) | %s | %s (%s–%s) | %s | %s | %s | %s | %s | %d |" % (
                     n, hops[n], fmt_num(rps), fmt_num(lo), fmt_num(hi),
                     fmt_us(med([r["p50"] for r in rs])), fmt_us(med(p99s)), fmt_us(min(p99s)), fmt_us(max(p99s)),
                     fmt_us(med([r["p999"] for r in rs])),
@@ -214,6 +214,17 @@ def render(res, args):
             late = med([r["send_late_p99_us"] for n in names for r in fix(n, size)])
             w("Generator self-check: the median over all runs of the p99 lateness of a send behind its due")
             w("time was %s (it is part of every latency above, the same for every contender)." % fmt_us(late))
+            w("")
+        if rp.get("gateway_rss_kib_before"):
+            b, a, n = rp["gateway_rss_kib_before"], rp["gateway_rss_kib_after"], rp["gateway_requests"]
+            w("Gateway memory from after the warm-up to the end of this section (`/metrics` never")
+            w("scraped): holder %.1f → %.1f MiB after %s requests (%.0f bytes per request), forwarder %.1f → %.1f MiB"
+              % (b["holder"] / 1024, a["holder"] / 1024, fmt_num(n["holder"]),
+                 (a["holder"] - b["holder"]) * 1024.0 / max(1, n["holder"]),
+                 b["forwarder"] / 1024, a["forwarder"] / 1024))
+            w("after %s. Growth that tracks the request count instead of levelling off is memory held per"
+              % fmt_num(n["forwarder"]))
+            w("request.")
             w("")
         for size in sizes:
             h = med([r["rps"] for r in sat("rolegate holder", size)])

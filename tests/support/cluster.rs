@@ -28,6 +28,8 @@ pub struct Executed {
     pub method: String,
     pub path: String,
     pub headers: HeaderMap,
+    /// CLOCK_MONOTONIC nanoseconds when the app began executing it.
+    pub t_ns: u64,
 }
 
 struct AppState {
@@ -152,6 +154,7 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         method: req.method().to_string(),
         path: path_and_query.clone(),
         headers: req.headers().clone(),
+        t_ns: rolegate::events::monotonic_ns(),
     });
     let n = st.n;
     if path.ends_with("/ws") {

@@ -177,6 +177,48 @@ impl PrivatePostgres {
         );
     }
 
+    /// The postmaster and its children (for SIGSTOP/SIGCONT freezes).
+    pub fn pids(&self) -> Vec<u32> {
+        let Ok(text) = std::fs::read_to_string(self.dir.join("data/postmaster.pid")) else {
+            return Vec::new();
+        };
+        let Some(master) = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<u32>().ok())
+        else {
+            return Vec::new();
+        };
+        let mut pids = vec![master];
+        if let Ok(rd) = std::fs::read_dir("/proc") {
+            for e in rd.flatten() {
+                let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    continue;
+                };
+                let ppid = stat
+                    .rsplit_once(") ")
+                    .and_then(|(_, r)| r.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if ppid == Some(master) {
+                    pids.push(pid);
+                }
+            }
+        }
+        pids
+    }
+
+    /// Sends a signal (`STOP`, `CONT`) to every process of the cluster.
+    pub fn signal_all(&self, sig: &str) {
+        for pid in self.pids() {
+            let _ = Command::new("kill")
+                .args([&format!("-{sig}"), &pid.to_string()])
+                .status();
+        }
+    }
+
     /// Stops the server at once (`-m immediate`), as a crash or outage would.
     pub fn stop_server(&self) {
         let out = pg_command(&self.bin, "pg_ctl")
