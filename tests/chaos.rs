@@ -110,6 +110,9 @@ async fn pump(
 // Gateways.
 
 struct Gateway {
+    /// A private copy of the binary, so a rebuild during a long run cannot
+    /// pull it away between restarts.
+    bin: PathBuf,
     n: usize,
     port: u16,
     admin: u16,
@@ -129,7 +132,7 @@ impl Gateway {
             .append(true)
             .open(self.config.with_extension("log"))
             .unwrap();
-        let child = Command::new(cluster::bin())
+        let child = Command::new(&self.bin)
             .args(["run", "--config"])
             .arg(&self.config)
             .arg("--events")
@@ -651,6 +654,8 @@ async fn one_holder_survives_random_faults() {
     let dir = std::env::temp_dir().join(format!("rolegate-chaos-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let table = support::unique_table("chaos");
+    let bin = dir.join("rolegate");
+    std::fs::copy(cluster::bin(), &bin).expect("copy the rolegate binary");
     let mut apps = Vec::new();
     for n in 0..GATEWAYS {
         apps.push(TestApp::start(n).await);
@@ -666,6 +671,7 @@ async fn one_holder_survives_random_faults() {
         )
         .unwrap();
         let mut g = Gateway {
+            bin: bin.clone(),
             n,
             port,
             admin,

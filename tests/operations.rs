@@ -344,3 +344,68 @@ async fn a_hop_marker_request_counts_as_already_forwarded_in_metrics() {
         Some(1.0)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_stop_ends_open_streams_at_the_drain_bound_then_hands_over() {
+    let spec = ClusterSpec::postgres("op_drain").with_extra("shutdown:\n  drain_timeout: 1s\n");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
+    let mut gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+
+    // An SSE stream the app never finishes, open at the holder.
+    let resp = cluster::send(
+        Request::get(format!("{}/maintenance/sse", gws[0].url()))
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut body = resp.into_body();
+    let first = tokio::time::timeout(
+        Duration::from_secs(5),
+        http_body_util::BodyExt::frame(&mut body),
+    )
+    .await;
+    assert!(matches!(first, Ok(Some(Ok(_)))), "first event");
+
+    let t0 = std::time::Instant::now();
+    gws[0].signal("TERM");
+    // The stream is cut at the drain bound, not held open forever.
+    let ended = tokio::time::timeout(Duration::from_secs(6), async {
+        loop {
+            match http_body_util::BodyExt::frame(&mut body).await {
+                Some(Ok(_)) => continue,
+                _ => break,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "stream still open 6 s after SIGTERM");
+    let exit = loop {
+        if let Some(status) = gws[0].child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(6),
+            "gateway did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = t0.elapsed();
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        took >= Duration::from_millis(900),
+        "exited before the drain bound: {took:?}"
+    );
+    let g1 = gws.remove(1);
+    support::wait_for_async("g1 takes over", Duration::from_secs(3), || async {
+        g1.held().await["maintenance"].0
+    })
+    .await;
+}

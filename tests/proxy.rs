@@ -672,3 +672,29 @@ async fn sigterm_lets_in_flight_work_finish_then_hands_over_and_exits_0() {
     // The renew interval is 500ms: the release wakes the others at once.
     assert!(took < Duration::from_millis(500), "handover took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_trailers_pass_through_the_forwarded_path() {
+    let c = Cluster::start(ClusterSpec::postgres("px_trl")).await;
+    for via in [&c.gws[0], &c.gws[2]] {
+        let req = Request::get(format!("{}/maintenance/trailers", via.url()))
+            .header("te", "trailers")
+            .body(Body::empty())
+            .unwrap();
+        let resp = cluster::send(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        let mut body = resp.into_body();
+        let mut data = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap();
+            match frame.into_data() {
+                Ok(d) => data.extend_from_slice(&d),
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        assert_eq!(data, b"part-1 part-2");
+        let trailers = trailers.expect("trailers arrive");
+        assert_eq!(trailers["x-checksum"], "abc123");
+    }
+}

@@ -32,6 +32,9 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 
 /// Removes hop-by-hop fields. With `keep_upgrade`, `Upgrade` and
 /// `Connection: upgrade` survive so the next hop can switch protocols.
+/// `Trailer` is kept (unless `Connection` names it): it is end-to-end in
+/// RFC 9110, and HTTP/1.1 senders only emit the trailer fields it declares,
+/// so removing it would drop the trailers themselves.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -61,7 +64,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         header::TE,
         header::TRANSFER_ENCODING,
         header::UPGRADE,
-        header::TRAILER,
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
     ] {
@@ -190,7 +192,7 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
-        assert_eq!(left, vec!["content-type", "te"]);
+        assert_eq!(left, vec!["content-type", "te", "trailer"]);
         assert_eq!(h["te"], "trailers");
     }
 

@@ -245,6 +245,20 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
             .body(stream_body(rx))
             .unwrap();
     }
+    if path.ends_with("/trailers") {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("x-checksum", http::HeaderValue::from_static("abc123"));
+        let frames = vec![
+            Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"part-1 "))),
+            Ok(http_body::Frame::data(Bytes::from_static(b"part-2"))),
+            Ok(http_body::Frame::trailers(trailers)),
+        ];
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        return Response::builder()
+            .header("trailer", "x-checksum")
+            .body(Body::new(body))
+            .unwrap();
+    }
     if path.ends_with("/slow") {
         st.release_slow.notified().await;
         return Response::new(Body::from(format!("slow done by app{n}")));
