@@ -378,12 +378,7 @@ async fn graceful_stop_ends_open_streams_at_the_drain_bound_then_hands_over() {
     gws[0].signal("TERM");
     // The stream is cut at the drain bound, not held open forever.
     let ended = tokio::time::timeout(Duration::from_secs(6), async {
-        loop {
-            match http_body_util::BodyExt::frame(&mut body).await {
-                Some(Ok(_)) => continue,
-                _ => break,
-            }
-        }
+        while let Some(Ok(_)) = http_body_util::BodyExt::frame(&mut body).await {}
     })
     .await;
     assert!(ended.is_ok(), "stream still open 6 s after SIGTERM");
