@@ -23,6 +23,7 @@ import http.client
 import json
 import os
 import platform
+import random
 import re
 import resource
 import shutil
@@ -387,6 +388,7 @@ class Bench:
         self.section_times = {}
         self.pg = None
         self.rg_env = {"TOKIO_WORKER_THREADS": "1", "RUST_LOG": "warn"}
+        self.rng = random.Random(6)
 
     # -- helpers ----------------------------------------------------------------
 
@@ -766,7 +768,9 @@ class Bench:
                 other = "B" if holder == "A" else "A"
                 # Precondition: the other gateway forwards to the holder.
                 wait_until("%s forwards to %s" % (other, holder), lambda: served_by(other) == holder, 10)
-                time.sleep(0.05 if kind == "graceful" else 0.1)
+                # A random phase against the holder's renewals, so the crash
+                # case samples the whole range the lease can have left.
+                time.sleep(0.05 + self.rng.uniform(0, 0.25))
                 conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=2)
                 p = slots[holder]["p"]
                 limit = 5.0 if kind == "graceful" else bound_ms / 1000.0 + 3.0
