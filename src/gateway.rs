@@ -124,7 +124,8 @@ impl GatewayState {
                     .settings
                     .forward_to_holder(req, Some(client), &address, role, partition)
                     .await;
-                metrics::histogram!(telemetry::FORWARD_LATENCY, "target" => "holder")
+                telemetry::request_metrics()
+                    .forward_holder
                     .record(started.elapsed().as_secs_f64());
                 answer
             }
@@ -159,7 +160,8 @@ impl GatewayState {
         };
         let started = std::time::Instant::now();
         let answer = self.settings.forwarder.proxy(req, &self.upstream).await;
-        metrics::histogram!(telemetry::FORWARD_LATENCY, "target" => "upstream")
+        telemetry::request_metrics()
+            .forward_upstream
             .record(started.elapsed().as_secs_f64());
         match answer {
             Ok(resp) => (resp, outcome),
@@ -186,7 +188,7 @@ fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
         Outcome::Rejected(Reason::MissingKey | Reason::BadRequest) => "bad_request",
         Outcome::Rejected(r) => r.as_str(),
     };
-    metrics::counter!(telemetry::PROXY_REQUESTS, "outcome" => label).increment(1);
+    telemetry::request_metrics().count(label);
     if resp.body().is_end_stream() {
         return resp;
     }
@@ -320,8 +322,27 @@ async fn run_config(
     config: Config,
     events: Option<Arc<crate::events::EventLog>>,
 ) -> Result<(), String> {
-    let listener = TcpListener::bind(config.listen)
-        .await
+    // Metrics first, so every handle created below reports to the recorder.
+    let metrics = match telemetry::install() {
+        Ok(handle) => {
+            // Histograms keep raw samples until summarized: summarize them
+            // regularly, not only when /metrics is scraped.
+            let upkeep = handle.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+            None
+        }
+    };
+    let listener = bind_listener(config.listen)
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
     let admin = TcpListener::bind(config.admin_listen)
         .await
@@ -335,20 +356,28 @@ async fn run_config(
         .await
         .map_err(|e| e.to_string())?;
     if config.store.migrate {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(200);
-            loop {
-                match store.migrate().await {
-                    Ok(()) => return,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "applying the store schema failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
+        // Usually the store answers at once; if not, keep trying in the
+        // background while the coordinator retries and readiness says 503.
+        let first = tokio::time::timeout(Duration::from_secs(3), store.migrate()).await;
+        if !matches!(first, Ok(Ok(()))) {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut delay = Duration::from_millis(200);
+                loop {
+                    match store.migrate().await {
+                        Ok(()) => {
+                            tracing::info!("store schema applied");
+                            return;
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "applying the store schema failed; retrying");
+                            tokio::time::sleep(delay).await;
+                            delay = (delay * 2).min(Duration::from_secs(5));
+                        }
                     }
                 }
-            }
-        });
+            });
+        }
     }
     let mut builder = CoordinatorBuilder::from_config(&config, store).advertise(advertise.clone());
     if let Some(log) = &events {
@@ -377,13 +406,6 @@ async fn run_config(
         "rolegate gateway started"
     );
 
-    let metrics = match telemetry::install() {
-        Ok(handle) => Some(handle),
-        Err(e) => {
-            tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
-            None
-        }
-    };
     metrics::gauge!(telemetry::CANDIDATE).set(1.0);
     if let Some(upstream) = &config.upstream {
         if let Some(health) = upstream.health.clone() {
@@ -475,6 +497,20 @@ async fn watch_health(
             0.0
         });
     }
+}
+
+/// Binds the public listener with a deep accept backlog, so a burst of new
+/// connections is queued rather than dropped (a dropped SYN costs the client
+/// a 1 s retransmit, as long as a default connect timeout).
+fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
 }
 
 /// Resolves once the flag turns true (the guard is dropped before returning).

@@ -42,6 +42,9 @@ pub fn install() -> Result<PrometheusHandle, String> {
         .install_recorder()
         .map_err(|e| e.to_string())?;
     describe();
+    // Resolve the per-request handles against this recorder now, and show
+    // every outcome at zero from the start.
+    let _ = request_metrics();
     Ok(handle)
 }
 
@@ -69,22 +72,79 @@ fn describe() {
     describe_counter!(HEALTH_PROBES, "upstream health probes by outcome");
 }
 
+/// Handles for the metrics recorded on every request, resolved once: a
+/// handle records with a few atomic operations, where a macro call would
+/// build a key and look it up in the registry each time.
+pub struct RequestMetrics {
+    outcomes: Vec<(&'static str, metrics::Counter)>,
+    pub forward_holder: metrics::Histogram,
+    pub forward_upstream: metrics::Histogram,
+    pub open_streams: metrics::Gauge,
+    pub open_upgrades: metrics::Gauge,
+}
+
+/// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
+pub const OUTCOMES: [&str; 10] = [
+    "local",
+    "forwarded",
+    "passthrough",
+    "bad_request",
+    "holder-unknown",
+    "holder-unreachable",
+    "holder-timeout",
+    "already-forwarded",
+    "upstream-unreachable",
+    "upstream-timeout",
+];
+
+static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLock::new();
+
+/// The per-request handles (bound to the recorder installed at first use).
+pub fn request_metrics() -> &'static RequestMetrics {
+    REQUEST_METRICS.get_or_init(|| RequestMetrics {
+        outcomes: OUTCOMES
+            .iter()
+            .map(|o| (*o, metrics::counter!(PROXY_REQUESTS, "outcome" => *o)))
+            .collect(),
+        forward_holder: metrics::histogram!(FORWARD_LATENCY, "target" => "holder"),
+        forward_upstream: metrics::histogram!(FORWARD_LATENCY, "target" => "upstream"),
+        open_streams: metrics::gauge!(OPEN_STREAMS),
+        open_upgrades: metrics::gauge!(OPEN_UPGRADES),
+    })
+}
+
+impl RequestMetrics {
+    /// Counts one request with its outcome label.
+    pub fn count(&self, outcome: &str) {
+        if let Some((_, c)) = self.outcomes.iter().find(|(o, _)| *o == outcome) {
+            c.increment(1);
+        }
+    }
+}
+
 /// Counts something open for as long as the guard lives (streams, upgrades).
-#[derive(Debug)]
 pub struct OpenGuard {
-    name: &'static str,
+    gauge: &'static metrics::Gauge,
 }
 
 impl OpenGuard {
-    pub fn new(name: &'static str) -> Self {
-        metrics::gauge!(name).increment(1.0);
-        Self { name }
+    pub fn stream() -> Self {
+        Self::new(&request_metrics().open_streams)
+    }
+
+    pub fn upgrade() -> Self {
+        Self::new(&request_metrics().open_upgrades)
+    }
+
+    fn new(gauge: &'static metrics::Gauge) -> Self {
+        gauge.increment(1.0);
+        Self { gauge }
     }
 }
 
 impl Drop for OpenGuard {
     fn drop(&mut self) {
-        metrics::gauge!(self.name).decrement(1.0);
+        self.gauge.decrement(1.0);
     }
 }
 
@@ -98,7 +158,7 @@ impl TrackedBody {
     pub fn wrap(inner: axum::body::Body) -> axum::body::Body {
         axum::body::Body::new(TrackedBody {
             inner,
-            _open: OpenGuard::new(OPEN_STREAMS),
+            _open: OpenGuard::stream(),
         })
     }
 }

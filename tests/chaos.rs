@@ -125,6 +125,13 @@ struct Gateway {
     proxy: FaultProxy,
 }
 
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // A failed run must not leave gateways behind.
+        self.kill();
+    }
+}
+
 impl Gateway {
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new()
@@ -406,22 +413,28 @@ fn read_events(paths: &[PathBuf]) -> (Vec<Interval>, Vec<Admission>) {
     (intervals, admits)
 }
 
-/// Which instance id gateway `g` had at time `t`, from its log's `start` lines.
-fn instance_at(file: &Path, t: u64) -> Option<String> {
-    let text = std::fs::read_to_string(file).ok()?;
-    let mut best: Option<(u64, String)> = None;
-    for line in text.lines() {
-        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        if v["ev"] == "start" {
-            let at = v["t"].as_u64().unwrap_or(0);
-            if at <= t && best.as_ref().is_none_or(|b| at >= b.0) {
-                best = Some((at, v["instance"].as_str().unwrap_or_default().to_string()));
-            }
-        }
-    }
-    best.map(|b| b.1)
+/// Every (start time, instance id) of one gateway's log.
+fn starts_of(file: &Path) -> Vec<(u64, String)> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .filter(|l| l.contains(r#""ev":"start""#))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            (
+                v["t"].as_u64().unwrap_or(0),
+                v["instance"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Which instance id a gateway had at time `t`.
+fn instance_at(starts: &[(u64, String)], t: u64) -> Option<String> {
+    starts
+        .iter()
+        .filter(|(at, _)| *at <= t)
+        .max_by_key(|(at, _)| *at)
+        .map(|(_, id)| id.clone())
 }
 
 fn check(
@@ -529,14 +542,13 @@ fn check(
     // Per fault: holder faults — the longest time until another instance began
     // holding a role the victim held; store faults — the longest time until
     // every belief of the affected instances that was active at the start ended.
+    let starts: Vec<Vec<(u64, String)>> = event_files.iter().map(|f| starts_of(f)).collect();
     for f in faults {
         r.faults
             .entry(f.kind)
             .or_default()
             .push(f.end_ns - f.start_ns);
-        let affected: Option<String> = f
-            .target
-            .and_then(|g| instance_at(&event_files[g], f.start_ns));
+        let affected: Option<String> = f.target.and_then(|g| instance_at(&starts[g], f.start_ns));
         let mut worst = 0u64;
         for list in by_role.values() {
             let active: Vec<&&Interval> = list

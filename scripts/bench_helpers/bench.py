@@ -587,7 +587,8 @@ class Bench:
 
         log("request path: warm-up")
         for name, _, port in contenders:
-            self.wrk("http://127.0.0.1:%d/r/1k" % port, 1, conns)
+            for n in sizes.values():
+                self.wrk("http://127.0.0.1:%d/r/%dk" % (port, n // 1024), 1, conns)
         rss0 = {"holder": rss_kib(p_h.pid), "forwarder": rss_kib(p_f.pid)}
 
         sat = {(c[0], s): [] for c in contenders for s in sizes}

@@ -148,7 +148,7 @@ impl Forwarder {
                         return;
                     }
                 };
-                let _open = crate::telemetry::OpenGuard::new(crate::telemetry::OPEN_UPGRADES);
+                let _open = crate::telemetry::OpenGuard::upgrade();
                 let mut client = TokioIo::new(client);
                 let mut peer = TokioIo::new(peer);
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut peer).await;

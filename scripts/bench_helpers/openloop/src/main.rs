@@ -334,7 +334,22 @@ fn main() {
         all.errors += st.errors;
         all.bytes += st.bytes;
     }
-    let scheduled = (cfg.duration.as_secs_f64() * cfg.rate).floor() as u64;
+    // Requests due inside the measured window, by the same formula the
+    // workers use.
+    let per = 1e9 / cfg.rate;
+    let (from_ns, end_ns) = ((measure_from - t0).as_nanos() as u64, (end - t0).as_nanos() as u64);
+    let mut scheduled = 0u64;
+    let mut i = 0u64;
+    loop {
+        let due = (i as f64 * per) as u64;
+        if due >= end_ns {
+            break;
+        }
+        if due >= from_ns {
+            scheduled += 1;
+        }
+        i += 1;
+    }
     let done = all.ok + all.non2xx + all.errors;
     all.latency_ns.sort_unstable();
     all.service_ns.sort_unstable();
