@@ -93,17 +93,14 @@ pub fn strip_rolegate(headers: &mut HeaderMap) {
 /// Appends `Forwarded`, `X-Forwarded-For`, and sets `X-Forwarded-Proto/-Host`
 /// when the client did not; adds `Via: 1.1 rolegate`.
 pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &str, proto: &str) {
-    let host = headers
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .map(str::to_owned);
-    let mut forwarded = String::with_capacity(64);
+    use std::fmt::Write as _;
+    // One buffer for the Forwarded element (this runs on every request).
+    let mut forwarded = String::with_capacity(96);
     if let Some(c) = client {
-        match c.ip() {
-            std::net::IpAddr::V4(ip) => forwarded.push_str(&format!("for={ip}")),
-            std::net::IpAddr::V6(ip) => forwarded.push_str(&format!("for=\"[{ip}]\"")),
-        }
-        forwarded.push(';');
+        let _ = match c.ip() {
+            std::net::IpAddr::V4(ip) => write!(forwarded, "for={ip};"),
+            std::net::IpAddr::V6(ip) => write!(forwarded, "for=\"[{ip}]\";"),
+        };
     }
     // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
     if !by.is_empty()
@@ -111,20 +108,23 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
     {
-        forwarded.push_str(&format!("by=_{by};proto={proto}"));
+        let _ = write!(forwarded, "by=_{by};proto={proto}");
     } else {
-        forwarded.push_str(&format!("by=unknown;proto={proto}"));
+        let _ = write!(forwarded, "by=unknown;proto={proto}");
     }
-    if let Some(h) = &host {
+    let host = headers.get(header::HOST).cloned();
+    if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
         if h.bytes()
             .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
         {
-            forwarded.push_str(&format!(";host=\"{h}\""));
+            let _ = write!(forwarded, ";host=\"{h}\"");
         }
     }
     append(headers, FORWARDED, &forwarded);
     if let Some(c) = client {
-        append(headers, X_FORWARDED_FOR, &c.ip().to_string());
+        forwarded.clear();
+        let _ = write!(forwarded, "{}", c.ip());
+        append(headers, X_FORWARDED_FOR, &forwarded);
     }
     if !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(
@@ -134,9 +134,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
     }
     if let Some(h) = host {
         if !headers.contains_key(X_FORWARDED_HOST) {
-            if let Ok(v) = HeaderValue::from_str(&h) {
-                headers.insert(X_FORWARDED_HOST, v);
-            }
+            headers.insert(X_FORWARDED_HOST, h);
         }
     }
     append(headers, header::VIA, "1.1 rolegate");
@@ -144,19 +142,29 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
 
 /// Appends to a comma-separated list field, joining existing values.
 fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
-    let joined = {
-        let existing: Vec<&str> = headers
-            .get_all(&name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        if existing.is_empty() {
-            value.to_string()
-        } else {
-            format!("{}, {value}", existing.join(", "))
+    let mut values = headers.get_all(&name).iter();
+    let joined = match (values.next(), values.next()) {
+        (None, _) => HeaderValue::from_str(value).ok(),
+        (Some(one), None) => {
+            let mut b = Vec::with_capacity(one.len() + 2 + value.len());
+            b.extend_from_slice(one.as_bytes());
+            b.extend_from_slice(b", ");
+            b.extend_from_slice(value.as_bytes());
+            HeaderValue::from_bytes(&b).ok()
+        }
+        (Some(_), Some(_)) => {
+            let all: Vec<&[u8]> = headers
+                .get_all(&name)
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect();
+            let mut b = all.join(&b", "[..]);
+            b.extend_from_slice(b", ");
+            b.extend_from_slice(value.as_bytes());
+            HeaderValue::from_bytes(&b).ok()
         }
     };
-    if let Ok(v) = HeaderValue::from_str(&joined) {
+    if let Some(v) = joined {
         headers.insert(name, v);
     }
 }
