@@ -8,16 +8,19 @@
 # to the address other instances reach this one at.
 
 FROM rust:1-bookworm AS build
+# protoc for the etcd client.
+RUN apt-get update && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, so source edits do not rebuild them.
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src examples && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && printf 'fn main() {}\n' > examples/axum_app.rs \
-    && cargo build --release --locked 2>/dev/null || true
+    && cargo build --release --locked --features redis,etcd 2>/dev/null || true
 COPY src ./src
 COPY examples ./examples
 COPY docs ./docs
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin rolegate
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --features redis,etcd --bin rolegate
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -1132,11 +1132,6 @@ pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<S
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// The path given on the command line, for messages.
-pub fn default_config_path() -> PathBuf {
-    PathBuf::from("rolegate.yaml")
 }
 
 #[cfg(test)]

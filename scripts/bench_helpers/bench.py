@@ -9,8 +9,8 @@ Sections:
   2. SSE: N concurrent streams through the forwarded path; gateway RSS per
      stream and event delivery latency while they are open
   3. handover (SIGTERM) and failover (kill -9), PostgreSQL store
-  4. store cost: 10 instances, 1 / 64 / 1024 roles, PostgreSQL round trips per
-     instance per tick and PostgreSQL CPU
+  4. store cost: 10 instances, 1 / 64 / 1024 roles, store calls per instance
+     per tick and server CPU, on PostgreSQL, Redis and etcd
   5. footprint: idle RSS with 1024 roles, binary size
 
 Every process this script starts is recorded and stopped on exit (also on
@@ -387,6 +387,7 @@ class Bench:
         self.results = {"quick": self.quick, "sections": {}, "notes": []}
         self.section_times = {}
         self.pg = None
+        self.server_dirs = []  # etcd data directories, removed on exit
         self.rg_env = {"TOKIO_WORKER_THREADS": "1", "RUST_LOG": "warn"}
         self.rng = random.Random(6)
 
@@ -486,6 +487,56 @@ class Bench:
     def pg_cpu_ticks(self):
         pid = self.pg["pid"]
         return cpu_ticks(pid) + sum(cpu_ticks(c) for c in children_of(pid))
+
+    # -- Redis and etcd (plain child processes, pinned to the server core) -------
+
+    def start_redis(self):
+        port = free_port()
+        p = self.procs.spawn("redis", ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                       "--save", "", "--appendonly", "no"], cpu=self.cpu_srv)
+
+        def pong():
+            self.procs.check_alive(p, "redis")
+            try:
+                with socket.create_connection(("127.0.0.1", port), 0.5) as c:
+                    c.sendall(b"PING\r\n")
+                    return c.recv(64).startswith(b"+PONG")
+            except OSError:
+                return False
+        wait_until("redis-server PONG", pong, 15, 0.02)
+        return {"proc": p, "pid": p.pid, "port": port, "url": "redis://127.0.0.1:%d" % port}
+
+    def start_etcd(self):
+        # Data on tmpfs when there is one: etcd 3.4 has no switch to turn fsync off, and
+        # PostgreSQL runs with fsync=off and Redis without persistence here.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+        d = tempfile.mkdtemp(prefix="rolegate-bench-etcd.", dir=shm)
+        self.server_dirs.append(d)
+        port = free_port()
+        peer = free_port()
+        for _ in range(20):
+            if peer != port:
+                break
+            peer = free_port()
+        client, peer_url = "http://127.0.0.1:%d" % port, "http://127.0.0.1:%d" % peer
+        p = self.procs.spawn("etcd", [
+            "etcd", "--name", "b", "--data-dir", d + "/data",
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", "b=" + peer_url, "--logger", "zap", "--log-level", "warn"], cpu=self.cpu_srv)
+
+        def healthy():
+            self.procs.check_alive(p, "etcd")
+            st, body = try_get("127.0.0.1", port, "/health", 0.5)
+            return st == 200 and b'"true"' in body
+        wait_until("etcd /health", healthy, 30, 0.05)
+        return {"proc": p, "pid": p.pid, "port": port, "url": client, "dir": d}
+
+    def stop_server(self, srv):
+        self.procs.stop(srv["proc"])
+        if srv.get("dir"):
+            shutil.rmtree(srv["dir"], ignore_errors=True)
+            self.server_dirs = [x for x in self.server_dirs if x != srv["dir"]]
 
     # -- section 1: request path ------------------------------------------------
 
@@ -851,81 +902,123 @@ class Bench:
                 counts[m.group(1)] = counts.get(m.group(1), 0) + float(m.group(2))
         return counts
 
+    STORES = (("postgres", "PostgreSQL"), ("redis", "Redis"), ("etcd", "etcd"))
+
     def section_store(self):
-        pg = self.start_pg()
         instances = 10
         window = 3.0 if self.quick else 10.0
+        # The same timings on every store; etcd grants whole-second TTLs of at least 2 s.
         timings = ("3s", "1s", "500ms")
         up = free_port()
         p_up = self.start_nginx("st-upstream", nginx_upstream_conf(self.workdir, "st-upstream", up))
         self.wait_port(up, "st-upstream", p_up)
         out = {"instances": instances, "window_s": window,
                "timings": {"duration": timings[0], "renew_interval": timings[1], "safety_margin": timings[2]},
+               "order": [k for k, _ in self.STORES], "stores": {}}
+        for kind, label in self.STORES:
+            log("store cost on %s" % label)
+            try:
+                out["stores"][kind] = self.store_cost(kind, up, instances, window, timings)
+            except Exception as e:  # noqa: BLE001 - reported per store; the other stores still run
+                log("store cost on %s FAILED: %s" % (label, e))
+                out["stores"][kind] = {"error": str(e)}
+        self.procs.stop(p_up)
+        failed = [k for k in out["order"] if "error" in out["stores"][k]]
+        if failed:
+            out["failed_stores"] = failed
+        self.results["sections"]["store"] = out
+
+    def store_cost(self, kind, up, instances, window, timings):
+        """One store: a fresh server (PostgreSQL is shared with section 3), then for
+        1, 64 and 1024 roles ten gateways, store calls per tick and server CPU."""
+        srv = None
+        if kind == "postgres":
+            pg = self.start_pg()
+            url, server_ticks = pg["url"], self.pg_cpu_ticks
+        elif kind == "redis":
+            srv = self.start_redis()
+            url, server_ticks = srv["url"], (lambda: cpu_ticks(srv["pid"]))
+        else:
+            srv = self.start_etcd()
+            url, server_ticks = srv["url"], (lambda: cpu_ticks(srv["pid"]))
+        res = {"timings": {"duration": timings[0], "renew_interval": timings[1], "safety_margin": timings[2]},
                "rows": []}
-        for count in (1, 64, 1024):
-            table = "bench_cost_%d" % count
-            gws = []
-            for i in range(instances):
-                port, admin = free_port(), free_port()
-                name = "st-%d-%d" % (count, i)
-                p = self.start_rolegate(name, rolegate_conf(name, port, admin, "http://127.0.0.1:%d" % up,
-                                                            "postgres", pg["url"], table=table, roles=(),
-                                                            partition=count, timings=timings, route=False,
-                                                            drain="1s"))
-                gws.append((name, p, admin))
-                self.wait_ready(p, name, admin, 30)
-                if i == 0:
-                    # The first instance takes every role; the others watch.
-                    wait_until("first instance holds %d roles" % count,
-                               lambda: self.held_count(admin) == count, 30, 0.05)
-            time.sleep(1.0 if self.quick else 2.0)
-            m0 = [self.metrics_counts(a) for _, _, a in gws]
-            tx0 = int(self.psql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'postgres'"))
-            g0 = [cpu_ticks(p.pid) for _, p, _ in gws]
-            c0, t0 = self.pg_cpu_ticks(), time.monotonic()
-            time.sleep(window)
-            c1, t1 = self.pg_cpu_ticks(), time.monotonic()
-            g1 = [cpu_ticks(p.pid) for _, p, _ in gws]
-            m1 = [self.metrics_counts(a) for _, _, a in gws]
-            # Stats are flushed by idle backends at most once a second: wait for them.
-            time.sleep(1.2)
-            tx1 = int(self.psql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'postgres'"))
-            held = [self.held_count(a) for _, _, a in gws]
-            per = []
-            for i in range(instances):
-                ops = {k: m1[i].get(k, 0) - m0[i].get(k, 0) for k in set(m0[i]) | set(m1[i])}
-                ticks = ops.get("snapshot", 0)
-                total = sum(ops.values())
-                per.append({"ops": ops, "ticks": ticks, "rt_per_tick": total / ticks if ticks else None,
-                            "held": held[i], "cpu_s": (g1[i] - g0[i]) / CLK_TCK})
-            elapsed = t1 - t0
-            ticks_all = sum(x["ticks"] for x in per)
-            rt_all = sum(sum(x["ops"].values()) for x in per)
-            row = {
-                "roles": count, "elapsed_s": elapsed,
-                "holder_rt_per_tick": per[0]["rt_per_tick"],
-                "watcher_rt_per_tick": med([x["rt_per_tick"] for x in per[1:]]),
-                "mean_rt_per_tick": rt_all / ticks_all if ticks_all else None,
-                "ticks_per_instance": med([x["ticks"] for x in per]),
-                "pg_cpu_s": (c1 - c0) / CLK_TCK,
-                "pg_cpu_pct": 100.0 * (c1 - c0) / CLK_TCK / elapsed,
-                "pg_xacts": tx1 - tx0 - 1,
-                "gateway_cpu_pct_holder": 100.0 * per[0]["cpu_s"] / elapsed,
-                "gateway_cpu_pct_watcher": 100.0 * med([x["cpu_s"] for x in per[1:]]) / elapsed,
-                "held_by_first": held[0], "held_elsewhere": sum(h for h in held[1:] if h > 0),
-                "per_instance": per,
-            }
-            # Approximate: idle backends flush their stats at most once a second.
-            row["pg_xacts_per_instance_tick"] = row["pg_xacts"] / ticks_all if ticks_all else None
-            out["rows"].append(row)
-            log("store cost %4d roles: holder %.2f RT/tick, watchers %.2f RT/tick, PG CPU %.1f%% of a core" % (
-                count, row["holder_rt_per_tick"] or -1, row["watcher_rt_per_tick"] or -1, row["pg_cpu_pct"]))
-            for _, p, _ in gws:
-                p.send_signal(signal.SIGTERM)
+        gws = []
+        try:
+            for count in (1, 64, 1024):
+                table = "bench_cost_%d" % count
+                gws = []
+                for i in range(instances):
+                    port, admin = free_port(), free_port()
+                    name = "st-%s-%d-%d" % (kind, count, i)
+                    p = self.start_rolegate(name, rolegate_conf(name, port, admin, "http://127.0.0.1:%d" % up,
+                                                                kind, url, table=table, roles=(),
+                                                                partition=count, timings=timings, route=False,
+                                                                drain="1s"))
+                    gws.append((name, p, admin))
+                    self.wait_ready(p, name, admin, 30)
+                    if i == 0:
+                        # The first instance takes every role; the others watch.
+                        wait_until("first instance holds %d roles" % count,
+                                   lambda: self.held_count(admin) == count, 30, 0.05)
+                time.sleep(1.0 if self.quick else 2.0)
+                m0 = [self.metrics_counts(a) for _, _, a in gws]
+                if kind == "postgres":
+                    tx0 = int(self.psql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'postgres'"))
+                g0 = [cpu_ticks(p.pid) for _, p, _ in gws]
+                c0, t0 = server_ticks(), time.monotonic()
+                time.sleep(window)
+                c1, t1 = server_ticks(), time.monotonic()
+                g1 = [cpu_ticks(p.pid) for _, p, _ in gws]
+                m1 = [self.metrics_counts(a) for _, _, a in gws]
+                if kind == "postgres":
+                    # Stats are flushed by idle backends at most once a second: wait for them.
+                    time.sleep(1.2)
+                    tx1 = int(self.psql("SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'postgres'"))
+                held = [self.held_count(a) for _, _, a in gws]
+                per = []
+                for i in range(instances):
+                    ops = {k: m1[i].get(k, 0) - m0[i].get(k, 0) for k in set(m0[i]) | set(m1[i])}
+                    ticks = ops.get("snapshot", 0)
+                    total = sum(ops.values())
+                    per.append({"ops": ops, "ticks": ticks, "rt_per_tick": total / ticks if ticks else None,
+                                "held": held[i], "cpu_s": (g1[i] - g0[i]) / CLK_TCK})
+                elapsed = t1 - t0
+                ticks_all = sum(x["ticks"] for x in per)
+                rt_all = sum(sum(x["ops"].values()) for x in per)
+                row = {
+                    "roles": count, "elapsed_s": elapsed,
+                    "holder_rt_per_tick": per[0]["rt_per_tick"],
+                    "watcher_rt_per_tick": med([x["rt_per_tick"] for x in per[1:]]),
+                    "mean_rt_per_tick": rt_all / ticks_all if ticks_all else None,
+                    "ticks_per_instance": med([x["ticks"] for x in per]),
+                    "server_cpu_s": (c1 - c0) / CLK_TCK,
+                    "server_cpu_pct": 100.0 * (c1 - c0) / CLK_TCK / elapsed,
+                    "gateway_cpu_pct_holder": 100.0 * per[0]["cpu_s"] / elapsed,
+                    "gateway_cpu_pct_watcher": 100.0 * med([x["cpu_s"] for x in per[1:]]) / elapsed,
+                    "held_by_first": held[0], "held_elsewhere": sum(h for h in held[1:] if h > 0),
+                    "per_instance": per,
+                }
+                if kind == "postgres":
+                    row["pg_cpu_s"], row["pg_cpu_pct"] = row["server_cpu_s"], row["server_cpu_pct"]
+                    row["pg_xacts"] = tx1 - tx0 - 1
+                    # Approximate: idle backends flush their stats at most once a second.
+                    row["pg_xacts_per_instance_tick"] = row["pg_xacts"] / ticks_all if ticks_all else None
+                res["rows"].append(row)
+                log("store cost %s %4d roles: holder %.2f calls/tick, watchers %.2f calls/tick, server CPU %.1f%% of a core" % (
+                    kind, count, row["holder_rt_per_tick"] or -1, row["watcher_rt_per_tick"] or -1,
+                    row["server_cpu_pct"]))
+                for _, p, _ in gws:
+                    p.send_signal(signal.SIGTERM)
+                for _, p, _ in gws:
+                    self.procs.stop(p)
+                gws = []
+        finally:
             for _, p, _ in gws:
                 self.procs.stop(p)
-        self.procs.stop(p_up)
-        self.results["sections"]["store"] = out
+            if srv is not None:
+                self.stop_server(srv)
+        return res
 
     # -- section 5: footprint ---------------------------------------------------
 
@@ -984,6 +1077,9 @@ class Bench:
     def cleanup(self):
         self.procs.stop_all()
         self.stop_pg()
+        for d in self.server_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.server_dirs = []
         if not self.a.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
         else:
@@ -1089,7 +1185,7 @@ def main():
     with open(args.out, "w") as f:
         f.write(text)
     log("wrote %s (sections took %.0f s)" % (args.out, b.results["total_s"]))
-    failed = [k for k, v in b.results["sections"].items() if "error" in v]
+    failed = [k for k, v in b.results["sections"].items() if "error" in v or v.get("failed_stores")]
     return 1 if failed else 0
 
 

@@ -61,6 +61,8 @@ def machine():
         ("wrk", first_line(sh(["wrk", "--version"])).split(" Copyright")[0]),
         ("python", platform.python_version()),
         ("PostgreSQL", first_line(sh([pg + "/postgres", "--version"])) if pg else "–"),
+        ("Redis", first_line(sh(["redis-server", "--version"])).split(" sha=")[0]),
+        ("etcd", first_line(sh(["etcd", "--version"]))),
     ]
 
 
@@ -339,43 +341,85 @@ def render(res, args):
 
     # ---------------------------------------------------------------- store cost
     st = res["sections"].get("store")
-    w("## 4. Store cost (PostgreSQL)")
+    w("## 4. Store cost (PostgreSQL, Redis, etcd)")
     w("")
     if st and "error" in st:
         w("Not measured: `%s`" % st["error"])
         w("")
     elif st:
+        if "stores" in st:
+            order, stores = st["order"], st["stores"]
+        else:  # results written before Redis and etcd were measured
+            order, stores = ["postgres"], {"postgres": st}
         t = st["timings"]
-        w("%d gateways on one PostgreSQL, lease duration %s, renew interval %s (one tick per renew interval)."
-          % (st["instances"], t["duration"], t["renew_interval"]))
-        w("The roles are one partition of 1, 64 or 1024 roles; the first gateway is started alone and takes")
-        w("every role, then the other nine start and watch. Over a %.0f s window: store round trips from each"
-          % st["window_s"])
-        w("gateway's `/metrics` (`rolegate_store_round_trip_seconds_count`, all ops) divided by its ticks (its")
-        w("snapshot reads, one per tick); PostgreSQL transactions from `pg_stat_database` (approximate: backends")
-        w("flush their counters at most once a second); PostgreSQL CPU as utime+stime of the postmaster and all")
-        w("its children from /proc. A holder's tick is one snapshot read and one batched claim (renewing every")
-        w("role it holds in one statement); a watcher's tick is one snapshot read.")
+        w("%d gateways on one store server, the same lease timings on every store: duration %s, renew"
+          % (st["instances"], t["duration"]))
+        w("interval %s, safety margin %s (one tick per renew interval; etcd grants whole-second TTLs of at"
+          % (t["renew_interval"], t["safety_margin"]))
+        w("least 2 s, so these timings are chosen to suit all three). The roles are one partition of 1, 64 or 1024")
+        w("roles; the first gateway is started alone and takes every role, then the other nine start and watch.")
+        w("Over a %.0f s window per role count: store calls from each gateway's `/metrics`" % st["window_s"])
+        w("(`rolegate_store_round_trip_seconds_count`, all ops) divided by its ticks (its snapshot reads, one")
+        w("per tick); server CPU as utime+stime from /proc over the same window: the PostgreSQL postmaster and")
+        w("all its children, the `redis-server` process, the `etcd` process (all threads). A holder's tick is")
+        w("one snapshot read and one batched claim (renewing every role it holds in one call); a watcher's tick")
+        w("is one snapshot read. Servers: PostgreSQL with `fsync=off` (shared with section 3), `redis-server")
+        w("--save '' --appendonly no`, single-member etcd with its data directory on tmpfs (`/dev/shm`); each")
+        w("pinned to CPU 1 with the gateways; Redis and etcd are started for this section and stopped after it.")
         w("")
-        w("| roles | round trips / tick, holder | round trips / tick, watcher (median) | mean per instance | PG transactions per instance-tick (cross-check) | PostgreSQL CPU | gateway CPU, holder / watcher |")
-        w("|---:|---:|---:|---:|---:|---:|---:|")
-        for r in st["rows"]:
-            w("| %d | %s | %s | %s | %s | %.1f%% of a core (%.0f ms/s) | %.1f%% / %.1f%% |" % (
-                r["roles"], fmt_num(r["holder_rt_per_tick"], 2), fmt_num(r["watcher_rt_per_tick"], 2),
-                fmt_num(r["mean_rt_per_tick"], 2), fmt_num(r.get("pg_xacts_per_instance_tick"), 2),
-                r["pg_cpu_pct"], 10 * r["pg_cpu_pct"], r["gateway_cpu_pct_holder"], r["gateway_cpu_pct_watcher"]))
+        w("What one call costs in round trips (`docs/stores.md`): PostgreSQL one statement; Redis one Lua")
+        w("script; etcd a claim is a lease keep-alive plus a range read (two) and a snapshot is a range read")
+        w("plus one lease-TTL read per distinct holder lease (two here, with one holder).")
         w("")
-        rows = st["rows"]
-        held_ok = all(r["held_by_first"] == r["roles"] for r in rows)
-        if not held_ok:
-            w("Note: at the end of some windows the first gateway did not hold every role: %s." % ", ".join(
-                "%d roles: first holds %d, others %d" % (r["roles"], r["held_by_first"], r["held_elsewhere"])
-                for r in rows))
+        names = {"postgres": "PostgreSQL", "redis": "Redis", "etcd": "etcd"}
+        for kind in order:
+            s_ = stores.get(kind, {})
+            label = names.get(kind, kind)
+            w("### %s" % label)
             w("")
-        vals = [r["mean_rt_per_tick"] for r in rows if r["mean_rt_per_tick"] is not None]
-        flat = bool(vals) and max(vals) - min(vals) <= 0.15 * min(vals)
-        targets.append(("store round trips per instance per tick constant from 1 to 1024 roles",
-                        " → ".join(fmt_num(v, 2) for v in vals), flat if vals else None))
+            if "error" in s_:
+                w("Not measured: `%s`" % s_["error"])
+                w("")
+                continue
+            if not s_.get("rows"):
+                w("Not measured.")
+                w("")
+                continue
+            pg = kind == "postgres"
+            head = "| roles | store calls / tick, holder | store calls / tick, watcher (median) | mean per instance |"
+            align = "|---:|---:|---:|---:|"
+            if pg:
+                head += " PG transactions per instance-tick (cross-check) |"
+                align += "---:|"
+            head += " %s CPU | gateway CPU, holder / watcher |" % label
+            align += "---:|---:|"
+            w(head)
+            w(align)
+            for r in s_["rows"]:
+                cpu = r.get("server_cpu_pct", r.get("pg_cpu_pct"))
+                cells = [str(r["roles"]), fmt_num(r["holder_rt_per_tick"], 2), fmt_num(r["watcher_rt_per_tick"], 2),
+                         fmt_num(r["mean_rt_per_tick"], 2)]
+                if pg:
+                    cells.append(fmt_num(r.get("pg_xacts_per_instance_tick"), 2))
+                cells.append("%.1f%% of a core (%.0f ms/s)" % (cpu, 10 * cpu))
+                cells.append("%.1f%% / %.1f%%" % (r["gateway_cpu_pct_holder"], r["gateway_cpu_pct_watcher"]))
+                w("| " + " | ".join(cells) + " |")
+            w("")
+            if pg:
+                w("PostgreSQL transactions come from `pg_stat_database` (approximate: backends flush their")
+                w("counters at most once a second).")
+                w("")
+            rows = s_["rows"]
+            held_ok = all(r["held_by_first"] == r["roles"] for r in rows)
+            if not held_ok:
+                w("Note: at the end of some windows the first gateway did not hold every role: %s." % ", ".join(
+                    "%d roles: first holds %d, others %d" % (r["roles"], r["held_by_first"], r["held_elsewhere"])
+                    for r in rows))
+                w("")
+            vals = [r["mean_rt_per_tick"] for r in rows if r["mean_rt_per_tick"] is not None]
+            flat = bool(vals) and max(vals) - min(vals) <= 0.15 * min(vals)
+            targets.append(("store calls per instance per tick constant from 1 to 1024 roles (%s)" % label,
+                            " → ".join(fmt_num(v, 2) for v in vals), flat if vals else None))
 
     # ---------------------------------------------------------------- footprint
     fp = res["sections"].get("footprint")
@@ -431,8 +475,9 @@ def render(res, args):
     w("scripts/bench --quick    # < 3 min, fewer rounds and transitions")
     w("```")
     w("")
-    w("The script installs what is missing (wrk, nginx, HAProxy, PostgreSQL from apt), builds rolegate")
-    w("with `cargo build --release` (set `CARGO_TARGET_DIR` to build elsewhere) and the std-only")
+    w("The script installs what is missing (wrk, nginx, HAProxy, PostgreSQL, Redis, etcd, protoc from")
+    w("apt), builds rolegate with `cargo build --release --features redis,etcd` (set `CARGO_TARGET_DIR`")
+    w("to build elsewhere) and the std-only")
     w("`openloop` generator, raises the open-file limit, and stops every process it started on exit.")
     w("It is not part of `scripts/test`.")
     w("")
