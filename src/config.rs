@@ -1024,7 +1024,13 @@ impl Resolver<'_> {
             }
             return Ok(KeySource::Query(name));
         }
-        let seg = k.path_segment.as_ref().expect("one key kind is set");
+        let Some(seg) = k.path_segment.as_ref() else {
+            return Err(self.err(
+                Some(loc),
+                at,
+                "needs exactly one of `header`, `query`, `path_segment`",
+            ));
+        };
         match &seg.value {
             SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => {
                 Ok(KeySource::PathSegment(*n as usize))

@@ -12,13 +12,14 @@ pub const SIGNATURE_WINDOW_SECS: u64 = 30;
 
 #[derive(Clone)]
 pub struct HopSigner {
-    secret: Option<Vec<u8>>,
+    /// The keyed HMAC state, cloned per marker.
+    key: Option<Hmac<Sha256>>,
 }
 
 impl std::fmt::Debug for HopSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HopSigner")
-            .field("signed", &self.secret.is_some())
+            .field("signed", &self.key.is_some())
             .finish()
     }
 }
@@ -32,15 +33,14 @@ fn unix_now() -> u64 {
 
 impl HopSigner {
     pub fn new(secret: Option<&str>) -> Self {
+        // HMAC takes keys of any length, so this never drops a secret.
         Self {
-            secret: secret.map(|s| s.as_bytes().to_vec()),
+            key: secret.and_then(|s| <Hmac<Sha256> as Mac>::new_from_slice(s.as_bytes()).ok()),
         }
     }
 
-    fn mac(secret: &[u8], origin: &str, method: &str, path: &str, ts: u64) -> Hmac<Sha256> {
-        // Keys of any length are accepted by HMAC; this cannot fail.
-        let mut mac =
-            <Hmac<Sha256> as Mac>::new_from_slice(secret).unwrap_or_else(|_| unreachable!());
+    fn mac(key: &Hmac<Sha256>, origin: &str, method: &str, path: &str, ts: u64) -> Hmac<Sha256> {
+        let mut mac = key.clone();
         for part in [
             origin.as_bytes(),
             b"\n",
@@ -57,7 +57,7 @@ impl HopSigner {
 
     /// The marker to send on a forwarded request.
     pub fn marker(&self, origin: &str, method: &str, path: &str) -> Option<HeaderValue> {
-        let text = match &self.secret {
+        let text = match &self.key {
             None => origin.to_string(),
             Some(secret) => {
                 let ts = unix_now();
@@ -73,7 +73,7 @@ impl HopSigner {
     /// Whether a received marker counts as a real forwarded hop. Without a
     /// secret, any marker counts (so a spoof can only cause a 503).
     pub fn verify(&self, value: &HeaderValue, method: &str, path: &str) -> bool {
-        let Some(secret) = &self.secret else {
+        let Some(key) = &self.key else {
             return true;
         };
         let Ok(text) = value.to_str() else {
@@ -95,7 +95,7 @@ impl HopSigner {
         if unix_now().abs_diff(ts) > SIGNATURE_WINDOW_SECS {
             return false;
         }
-        Self::mac(secret, origin, method, path, ts)
+        Self::mac(key, origin, method, path, ts)
             .verify_slice(&sig)
             .is_ok()
     }
@@ -117,7 +117,7 @@ mod tests {
         let stale = format!(
             "gw-1;t=1;sig={}",
             hex::encode(
-                HopSigner::mac(b"0123456789abcdef", "gw-1", "GET", "/a", 1)
+                HopSigner::mac(s.key.as_ref().unwrap(), "gw-1", "GET", "/a", 1)
                     .finalize()
                     .into_bytes()
             )
