@@ -481,6 +481,13 @@ def render(res, args):
     w("`openloop` generator, raises the open-file limit, and stops every process it started on exit.")
     w("It is not part of `scripts/test`.")
     w("")
+    # Before/after rows of request-path work are kept in a file of their own,
+    # so regenerating this page does not lose them.
+    history = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks-history.md")
+    if os.path.exists(history):
+        with open(history) as f:
+            w(f.read().rstrip())
+        w("")
     return "\n".join(L)
 
 
