@@ -195,8 +195,27 @@ fn an_unreachable_store_is_a_runtime_error() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_starts_answers_its_printed_commands_and_stops_cleanly_on_sigint() {
+    demo_round_trip(&[]).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_redis() {
+    demo_round_trip(&["--store", "redis", "--store-url", &support::redis_url()]).await;
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_etcd() {
+    demo_round_trip(&["--store", "etcd", "--store-url", &support::etcd_url()]).await;
+}
+
+/// Starts `rolegate demo` with extra arguments, follows its printed guide, and
+/// stops it with SIGINT.
+async fn demo_round_trip(extra: &[&str]) {
     let mut child = Command::new(cluster::bin())
         .args(["demo", "--base-port", "0"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
