@@ -12,6 +12,21 @@ use axum::body::Body;
 use http::{Request, StatusCode};
 use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
 
+/// Two apps and two gateways; gateway 0 starts first and holds every role,
+/// and both agree on the holder.
+async fn two_gateways(spec: &ClusterSpec) -> ([TestApp; 2], Vec<GatewayProcess>) {
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let g0 = GatewayProcess::start(0, spec, &apps[0]).await;
+    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
+        g0.held().await["maintenance"].0
+    })
+    .await;
+    let g1 = GatewayProcess::start(1, spec, &apps[1]).await;
+    let gws = vec![g0, g1];
+    cluster::wait_holder(&gws, "maintenance").await;
+    (apps, gws)
+}
+
 async fn readyz(gw: &GatewayProcess) -> StatusCode {
     cluster::get(&format!("{}/readyz", gw.admin_url()))
         .await
@@ -130,15 +145,7 @@ async fn metrics(gw: &GatewayProcess) -> HashMap<String, f64> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_as_prometheus_text_and_counters_move_with_traffic() {
     let spec = ClusterSpec::postgres("op_metrics");
-    let apps = [TestApp::start(0).await, TestApp::start(1).await];
-    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
-    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
-        g0.held().await["maintenance"].0
-    })
-    .await;
-    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
-    let gws = vec![g0, g1];
-    cluster::wait_holder(&gws, "maintenance").await;
+    let (_apps, gws) = two_gateways(&spec).await;
 
     let fwd = r#"rolegate_proxy_requests_total{outcome="forwarded"}"#;
     let local = r#"rolegate_proxy_requests_total{outcome="local"}"#;
@@ -186,15 +193,7 @@ async fn metrics_parse_as_prometheus_text_and_counters_move_with_traffic() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_and_the_status_page_match_the_store() {
     let spec = ClusterSpec::postgres("op_leases");
-    let apps = [TestApp::start(0).await, TestApp::start(1).await];
-    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
-    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
-        g0.held().await["maintenance"].0
-    })
-    .await;
-    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
-    let gws = vec![g0, g1];
-    cluster::wait_holder(&gws, "maintenance").await;
+    let (_apps, gws) = two_gateways(&spec).await;
 
     // `rolegate status --json` reads the store directly.
     let out = std::process::Command::new(cluster::bin())
@@ -271,15 +270,7 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
             "  health:\n    path: /healthz\n    interval: 100ms\n    unhealthy_after: 2\n".into(),
         ..ClusterSpec::postgres("op_health")
     };
-    let apps = [TestApp::start(0).await, TestApp::start(1).await];
-    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
-    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
-        g0.held().await["maintenance"].0
-    })
-    .await;
-    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
-    let gws = vec![g0, g1];
-    cluster::wait_holder(&gws, "maintenance").await;
+    let (apps, gws) = two_gateways(&spec).await;
 
     apps[0].set_healthy(false);
     support::wait_for_async(
@@ -320,15 +311,7 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hop_marker_request_counts_as_already_forwarded_in_metrics() {
     let spec = ClusterSpec::postgres("op_hopm");
-    let apps = [TestApp::start(0).await, TestApp::start(1).await];
-    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
-    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
-        g0.held().await["maintenance"].0
-    })
-    .await;
-    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
-    let gws = vec![g0, g1];
-    cluster::wait_holder(&gws, "maintenance").await;
+    let (_apps, gws) = two_gateways(&spec).await;
     let req = Request::get(format!("{}/maintenance/x", gws[1].url()))
         .header("x-rolegate-hop", "x")
         .body(Body::empty())
@@ -348,15 +331,7 @@ async fn a_hop_marker_request_counts_as_already_forwarded_in_metrics() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_stop_ends_open_streams_at_the_drain_bound_then_hands_over() {
     let spec = ClusterSpec::postgres("op_drain").with_extra("shutdown:\n  drain_timeout: 1s\n");
-    let apps = [TestApp::start(0).await, TestApp::start(1).await];
-    let g0 = GatewayProcess::start(0, &spec, &apps[0]).await;
-    support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
-        g0.held().await["maintenance"].0
-    })
-    .await;
-    let g1 = GatewayProcess::start(1, &spec, &apps[1]).await;
-    let mut gws = vec![g0, g1];
-    cluster::wait_holder(&gws, "maintenance").await;
+    let (_apps, mut gws) = two_gateways(&spec).await;
 
     // An SSE stream the app never finishes, open at the holder.
     let resp = cluster::send(
