@@ -216,6 +216,16 @@ async fn hop_marked_request_at_a_non_holder_is_503_and_never_forwarded_or_execut
     assert!(headers.contains_key("retry-after"));
     assert_eq!(problem(&body)["reason"], "already-forwarded");
     assert_eq!(c.total_executed("spoof"), vec![0, 0, 0]);
+    // A request that already passed two rolegate gateways (a loop, e.g. with
+    // mismatched cluster secrets) is never forwarded again.
+    let req = Request::get(format!("{}/maintenance/looped", c.gws[1].url()))
+        .header("via", "1.1 rolegate, 1.1 rolegate")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body) = cluster::request(req).await.unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(problem(&body)["reason"], "already-forwarded");
+    assert_eq!(c.total_executed("looped"), vec![0, 0, 0]);
     // At the holder a marked request is simply served; the app never sees the marker.
     let req = Request::get(format!("{}/maintenance/at-holder", c.gws[0].url()))
         .header("x-rolegate-hop", "gw-elsewhere-00000000")

@@ -123,6 +123,10 @@ pub enum Outcome {
     Rejected(Reason),
 }
 
+/// Request extension: this request arrived as a verified forwarded hop.
+#[derive(Debug, Clone, Copy)]
+pub struct ForwardedHop;
+
 /// Per-process settings shared by every gated request.
 #[derive(Clone)]
 pub struct GateSettings {
@@ -136,8 +140,15 @@ impl GateSettings {
     /// Whether the request carries a hop marker that counts; a marker that
     /// does not verify is removed, and the request is treated as fresh.
     pub fn take_hop(&self, req: &mut Request<Body>) -> bool {
+        // Seen already by an outer layer of this process (the marker is gone).
+        if req.extensions().get::<ForwardedHop>().is_some() {
+            return true;
+        }
+        // Two rolegate hops behind us means a loop (mismatched secrets, or
+        // instances that each think the other holds the role): never forward again.
+        let looped = super::headers::rolegate_hops(req.headers()) >= 2;
         let Some(value) = req.headers().get(HOP) else {
-            return false;
+            return looped;
         };
         let path = req
             .uri()
@@ -145,11 +156,13 @@ impl GateSettings {
             .map(|p| p.as_str())
             .unwrap_or("/");
         let ok = self.signer.verify(value, req.method().as_str(), path);
-        if !ok {
-            tracing::debug!("dropping a hop marker that does not verify");
+        if ok {
+            req.extensions_mut().insert(ForwardedHop);
+        } else {
+            tracing::warn!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
             req.headers_mut().remove(HOP);
         }
-        ok
+        ok || looped
     }
 
     /// Forwards one hop to the holder's gateway; failures become 503s.

@@ -16,6 +16,16 @@ const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// How many rolegate gateways a request already passed (its `Via` entries).
+pub fn rolegate_hops(headers: &HeaderMap) -> usize {
+    headers
+        .get_all(header::VIA)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter(|e| e.trim_ascii().eq_ignore_ascii_case(b"1.1 rolegate"))
+        .count()
+}
+
 /// Whether a request asks for a protocol upgrade (WebSocket and friends).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
@@ -36,12 +46,12 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 /// RFC 9110, and HTTP/1.1 senders only emit the trailer fields it declares,
 /// so removing it would drop the trailers themselves.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Split on bytes: a value with obs-text must not hide the names before it.
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
         .collect();
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
@@ -216,6 +226,25 @@ mod tests {
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
         assert_eq!(h["sec-websocket-key"], "k");
+    }
+
+    #[test]
+    fn rolegate_hops_are_counted_from_via() {
+        let h = map(&[("via", "1.0 squid, 1.1 rolegate"), ("via", "1.1 rolegate")]);
+        assert_eq!(rolegate_hops(&h), 2);
+        assert_eq!(rolegate_hops(&HeaderMap::new()), 0);
+    }
+
+    #[test]
+    fn connection_names_survive_obs_text_in_the_value() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_bytes(b"x-secret, \xff").unwrap(),
+        );
+        h.insert("x-secret", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]
