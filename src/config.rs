@@ -782,7 +782,7 @@ impl Resolver<'_> {
 
         let routes = self.routes(&raw.routes, &roles, &partitions)?;
 
-        let proxy = RawProxyResolved::resolve(self, &raw.proxy)?;
+        let proxy = self.proxy(&raw.proxy)?;
         let shutdown = ShutdownConfig {
             drain_timeout: self.duration(
                 &raw.shutdown.drain_timeout,
@@ -992,6 +992,55 @@ impl Resolver<'_> {
         Ok(out)
     }
 
+    fn proxy(&self, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
+        let connect_timeout = self.duration(
+            &raw.connect_timeout,
+            "proxy.connect_timeout",
+            Duration::from_secs(1),
+        )?;
+        let response_header_timeout = self.duration(
+            &raw.response_header_timeout,
+            "proxy.response_header_timeout",
+            Duration::from_secs(30),
+        )?;
+        for (v, t, key) in [
+            (
+                connect_timeout,
+                &raw.connect_timeout,
+                "proxy.connect_timeout",
+            ),
+            (
+                response_header_timeout,
+                &raw.response_header_timeout,
+                "proxy.response_header_timeout",
+            ),
+        ] {
+            if v.is_zero() {
+                return Err(self.err(
+                    t.as_ref().map(|t| &t.referenced),
+                    key,
+                    "must be greater than 0",
+                ));
+            }
+        }
+        let cluster_secret = self.opt_text(&raw.cluster_secret, "proxy.cluster_secret")?;
+        if let (Some(s), Some(t)) = (&cluster_secret, &raw.cluster_secret) {
+            if s.len() < 16 {
+                return Err(self.err(
+                    Some(&t.referenced),
+                    "proxy.cluster_secret",
+                    "must be at least 16 bytes (use a random string)",
+                ));
+            }
+        }
+        Ok(ProxyConfig {
+            connect_timeout,
+            response_header_timeout,
+            retry_after: raw.retry_after.as_ref().map(|s| s.value),
+            cluster_secret,
+        })
+    }
+
     fn key(&self, k: &RawKey, loc: &Location, at: &str) -> Result<KeySource, ConfigError> {
         let set =
             k.header.is_some() as u8 + k.query.is_some() as u8 + k.path_segment.is_some() as u8;
@@ -1042,58 +1091,6 @@ impl Resolver<'_> {
                 "must be a segment number from 1 (the first segment after the leading /) or `last`",
             )),
         }
-    }
-}
-
-struct RawProxyResolved;
-impl RawProxyResolved {
-    fn resolve(r: &Resolver<'_>, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
-        let connect_timeout = r.duration(
-            &raw.connect_timeout,
-            "proxy.connect_timeout",
-            Duration::from_secs(1),
-        )?;
-        let response_header_timeout = r.duration(
-            &raw.response_header_timeout,
-            "proxy.response_header_timeout",
-            Duration::from_secs(30),
-        )?;
-        for (v, t, key) in [
-            (
-                connect_timeout,
-                &raw.connect_timeout,
-                "proxy.connect_timeout",
-            ),
-            (
-                response_header_timeout,
-                &raw.response_header_timeout,
-                "proxy.response_header_timeout",
-            ),
-        ] {
-            if v.is_zero() {
-                return Err(r.err(
-                    t.as_ref().map(|t| &t.referenced),
-                    key,
-                    "must be greater than 0",
-                ));
-            }
-        }
-        let cluster_secret = r.opt_text(&raw.cluster_secret, "proxy.cluster_secret")?;
-        if let (Some(s), Some(t)) = (&cluster_secret, &raw.cluster_secret) {
-            if s.len() < 16 {
-                return Err(r.err(
-                    Some(&t.referenced),
-                    "proxy.cluster_secret",
-                    "must be at least 16 bytes (use a random string)",
-                ));
-            }
-        }
-        Ok(ProxyConfig {
-            connect_timeout,
-            response_header_timeout,
-            retry_after: raw.retry_after.as_ref().map(|s| s.value),
-            cluster_secret,
-        })
     }
 }
 

@@ -228,9 +228,12 @@ async fn graceful_stop_hands_over_within_one_renew_interval(
     })
     .await;
     let b = start_with(&store, &names, &log, 1, t);
-    support::wait_for("b has a snapshot", Duration::from_secs(3), || b.is_ready()).await;
-    // Let b settle into waiting for the observed expiry, far in the future.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // After its second tick b has a snapshot and its change feed (subscribed
+    // after the first tick), so the release can wake it.
+    support::wait_for("b subscribed", Duration::from_secs(3), || {
+        b.is_ready() && b.stats().ticks >= 2
+    })
+    .await;
     let t0 = Instant::now();
     a.shutdown().await;
     support::wait_for("b takes over", Duration::from_secs(3), || {
@@ -260,8 +263,10 @@ async fn crashed_holder_is_replaced_within_duration_plus_renew(
     })
     .await;
     let b = start_with(&store, &names, &log, 1, t);
-    support::wait_for("b ready", Duration::from_secs(3), || b.is_ready()).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    support::wait_for("b subscribed", Duration::from_secs(3), || {
+        b.is_ready() && b.stats().ticks >= 2
+    })
+    .await;
     let t0 = Instant::now();
     a.abort();
     log.close_aborted(&a);

@@ -36,33 +36,25 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
         .partition("accounts", 4, T)
         .start()
         .unwrap();
+    // One handler for every route: who ran it, under which lease (if any),
+    // and whether any X-Rolegate-* header reached the app.
     let who = name.to_string();
+    let handler = move |lease: Option<Extension<HeldLease>>, headers: http::HeaderMap| {
+        let who = who.clone();
+        async move {
+            let lease = lease
+                .map(|Extension(l)| format!(" {} {}", l.role, l.token))
+                .unwrap_or_default();
+            let leaked = headers
+                .keys()
+                .any(|k| k.as_str().starts_with("x-rolegate-"));
+            format!("{who}{lease}{}", if leaked { " leaked" } else { "" })
+        }
+    };
     let routes = Router::new()
-        .route(
-            "/reports/run",
-            get({
-                let who = who.clone();
-                move |Extension(l): Extension<HeldLease>| async move {
-                    format!("{who} {} {}", l.role, l.token)
-                }
-            }),
-        )
-        .route(
-            "/accounts/{id}",
-            get({
-                let who = who.clone();
-                move |Extension(l): Extension<HeldLease>| async move {
-                    format!("{who} {} {}", l.role, l.token)
-                }
-            }),
-        )
-        .route(
-            "/other",
-            get({
-                let who = who.clone();
-                move || async move { who.clone() }
-            }),
-        );
+        .route("/reports/run", get(handler.clone()))
+        .route("/accounts/{id}", get(handler.clone()))
+        .route("/other", get(handler));
     let options = LayerOptions::new().unwrap();
     let gated = ServiceBuilder::new()
         .layer(
@@ -129,6 +121,19 @@ async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
         assert!(
             body.starts_with(format!("a accounts:partition-{idx} ").as_bytes()),
             "{body:?}"
+        );
+    }
+    // Client-sent X-Rolegate-* never reach the app, gated path or not.
+    for path in ["/reports/run", "/other"] {
+        let req = Request::get(format!("http://127.0.0.1:{pa}{path}"))
+            .header("x-rolegate-role", "forged")
+            .header("x-rolegate-token", "999")
+            .body(Body::empty())
+            .unwrap();
+        let (_, _, body) = cluster::request(req).await.unwrap();
+        assert!(
+            !String::from_utf8_lossy(&body).contains("leaked"),
+            "{path}: {body:?}"
         );
     }
     // A layer for an unregistered role installs nothing.

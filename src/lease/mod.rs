@@ -5,6 +5,7 @@
 //! hold it never overlap, and each term's fencing token is larger than the last.
 
 mod coordinator;
+mod heartbeat;
 mod partition;
 mod snapshot;
 

@@ -19,6 +19,9 @@ use super::headers::{add_forwarding, is_upgrade_request, strip_hop_by_hop};
 /// common in app servers, so a reused connection is rarely one the peer closes.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
+/// Bytes of a health-probe answer read before the connection is dropped.
+const PROBE_BODY_LIMIT: usize = 64 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     #[error("cannot connect to {0}: {1}")]
@@ -88,8 +91,16 @@ impl Forwarder {
         let answer = tokio::time::timeout(timeout, async {
             let resp = self.client.request(req).await.ok()?;
             let ok = resp.status().is_success();
-            // Drain the body so the connection returns to the pool.
-            let _ = http_body_util::BodyExt::collect(resp.into_body()).await;
+            // Drain the body frame by frame (never held whole) so the
+            // connection returns to the pool; give up on a huge one.
+            let mut body = resp.into_body();
+            let mut seen = 0usize;
+            while let Some(Ok(frame)) = http_body_util::BodyExt::frame(&mut body).await {
+                seen += frame.data_ref().map_or(0, |d| d.len());
+                if seen > PROBE_BODY_LIMIT {
+                    break;
+                }
+            }
             Some(ok)
         })
         .await;

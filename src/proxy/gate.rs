@@ -159,7 +159,8 @@ impl GateSettings {
         if ok {
             req.extensions_mut().insert(ForwardedHop);
         } else {
-            tracing::warn!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
+            // Debug, not warn: any client can send a bad marker.
+            tracing::debug!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
             req.headers_mut().remove(HOP);
         }
         ok || looped

@@ -202,11 +202,15 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
         Box::pin(async move {
-            if !gate.applies(req.uri().path()) {
-                return inner.call(req).await;
-            }
-            let Some(target) = &gate.target else {
-                return inner.call(req).await;
+            let target = match &gate.target {
+                Some(target) if gate.applies(req.uri().path()) => target,
+                _ => {
+                    // Not gated here: remember a verified hop for inner layers,
+                    // then strip, since only rolegate sets X-Rolegate-* for the app.
+                    gate.settings.take_hop(&mut req);
+                    strip_rolegate(req.headers_mut());
+                    return inner.call(req).await;
+                }
             };
             let forwarded = gate.settings.take_hop(&mut req);
             match target.decide(req.uri(), req.headers(), forwarded) {

@@ -1,0 +1,584 @@
+//! The heartbeat loop: one task per process renews and acquires every role
+//! in one batched claim per tick, reads one snapshot, and publishes it.
+//!
+//! Trust window: a grant is trusted until `t_sent + duration - safety_margin`
+//! on the local monotonic clock, with `t_sent` taken before the request left.
+//! The store judges expiry with its own clock from a moment after `t_sent`, so
+//! the local belief always ends at least `safety_margin` before anyone else
+//! can be granted the role. A response that arrives after that deadline is
+//! discarded and its term abandoned.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::coordinator::{LeaseEvent, Shared};
+use super::snapshot::{HolderSnapshot, RoleState};
+use crate::store::{Claim, StoreError};
+use crate::telemetry;
+
+/// Smallest gap between two ticks triggered by store notifications, so a burst
+/// of term changes elsewhere costs a handful of ticks, not one per change.
+const NOTICE_COALESCE: Duration = Duration::from_millis(5);
+
+/// A term this instance holds, as the loop tracks it.
+#[derive(Debug, Clone, Copy)]
+struct HeldTerm {
+    token: u64,
+    held_until: Instant,
+    started: Instant,
+    /// Whether a snapshot showing this term was published (readers saw it).
+    published: bool,
+}
+
+#[derive(Debug, Clone)]
+struct LoopRole {
+    held: Option<HeldTerm>,
+    /// Earliest time a claim could succeed, by the last snapshot.
+    next_attempt: Instant,
+    state: RoleState,
+    /// What the held gauge last said, so it is only set on change.
+    gauge_held: Option<bool>,
+}
+
+pub(super) struct HeartbeatLoop {
+    shared: Arc<Shared>,
+    roles: Vec<LoopRole>,
+    /// Terms ended since the last publish; their `Ended` events go out with it.
+    ended: Vec<(usize, HeldTerm)>,
+    loaded: bool,
+    store_ok: bool,
+    registered: bool,
+    registered_ticks: u64,
+    calls_this_tick: u64,
+    published: u64,
+    last_error_log: Option<Instant>,
+}
+
+impl HeartbeatLoop {
+    pub(super) fn new(shared: Arc<Shared>) -> Self {
+        let now = Instant::now();
+        let roles = shared
+            .roles
+            .iter()
+            .map(|r| LoopRole {
+                held: None,
+                next_attempt: now,
+                state: RoleState {
+                    name: r.name.clone(),
+                    ..RoleState::default()
+                },
+                gauge_held: None,
+            })
+            .collect();
+        Self {
+            shared,
+            roles,
+            ended: Vec::new(),
+            loaded: false,
+            store_ok: false,
+            registered: false,
+            registered_ticks: 0,
+            calls_this_tick: 0,
+            published: 0,
+            last_error_log: None,
+        }
+    }
+
+    pub(super) async fn run(mut self) {
+        let mut feed = None;
+        let mut last_notice_tick = Instant::now() - NOTICE_COALESCE;
+        loop {
+            if self.shared.stopping.load(Ordering::Acquire) {
+                self.release_all().await;
+                return;
+            }
+            self.tick().await;
+            // After the tick, and briefly: a slow subscribe must never delay a
+            // renewal. Without a feed, the snapshot read of every tick still
+            // finds every change.
+            if feed.is_none() {
+                let limit = self.shared.tick_every.min(Duration::from_secs(1));
+                match tokio::time::timeout(limit, self.shared.store.subscribe()).await {
+                    Ok(Ok(f)) => feed = Some(f),
+                    Ok(Err(e)) => tracing::debug!(error = %e, "change feed unavailable; polling"),
+                    Err(_) => tracing::debug!("change feed subscribe timed out; polling"),
+                }
+            }
+
+            let now = Instant::now();
+            let mut next = now + self.shared.tick_every;
+            if !self.store_ok {
+                // Retry sooner while the store is failing, but not in a hot loop.
+                next = now + (self.shared.tick_every / 2).max(Duration::from_millis(50));
+            }
+            if self.shared.candidate.load(Ordering::Acquire) {
+                for r in &self.roles {
+                    // Wake at a held-elsewhere role's observed expiry (crash takeover),
+                    // and at a held term's deadline (tiny timings, a slow tick).
+                    if r.held.is_none() && r.next_attempt > now && r.next_attempt < next {
+                        next = r.next_attempt;
+                    }
+                    if let Some(h) = r.held {
+                        if h.held_until < next {
+                            next = h.held_until;
+                        }
+                    }
+                }
+            }
+            let sleep = tokio::time::sleep_until(next.into());
+            tokio::select! {
+                _ = sleep => {}
+                _ = self.shared.wake.notified() => {}
+                notice = recv_feed(&mut feed) => {
+                    if notice.is_none() {
+                        // The feed ended (connection lost): poll, and subscribe anew.
+                        feed = None;
+                    }
+                    let since = last_notice_tick.elapsed();
+                    if since < NOTICE_COALESCE {
+                        tokio::time::sleep(NOTICE_COALESCE - since).await;
+                    }
+                    last_notice_tick = Instant::now();
+                }
+            }
+        }
+    }
+
+    fn store_failed(&mut self, what: &'static str, error: &StoreError) {
+        if matches!(error, StoreError::Schema(_)) {
+            // The table may have been recreated: register the rows again.
+            self.registered = false;
+        }
+        self.store_failed_msg(what, &error.to_string());
+    }
+
+    fn store_failed_msg(&mut self, what: &'static str, error: &str) {
+        self.shared
+            .counters
+            .store_errors
+            .fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(telemetry::STORE_ERRORS, "op" => what).increment(1);
+        self.store_ok = false;
+        let now = Instant::now();
+        // One warning per second at most while the store is down.
+        if self
+            .last_error_log
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            self.last_error_log = Some(now);
+            tracing::warn!(store = self.shared.store.kind(), op = what, %error, "lease store call failed; failing closed and retrying");
+        }
+    }
+
+    fn record_latency(op: &'static str, since: Instant) {
+        metrics::histogram!(telemetry::STORE_LATENCY, "op" => op)
+            .record(since.elapsed().as_secs_f64());
+    }
+
+    /// Ends terms whose local deadline has passed.
+    fn expire_local(&mut self, now: Instant) {
+        for i in 0..self.roles.len() {
+            if self.roles[i].held.is_some_and(|h| h.held_until <= now) {
+                self.end_term(i);
+            }
+        }
+    }
+
+    /// Ends local belief in a term. Readers keep seeing the last published
+    /// snapshot until the next publish, so the interval's end is recorded
+    /// then: the earlier of the deadline and the moment the new snapshot is
+    /// stored.
+    fn end_term(&mut self, i: usize) {
+        if let Some(h) = self.roles[i].held.take() {
+            self.roles[i].next_attempt = Instant::now();
+            if h.published {
+                self.ended.push((i, h));
+            }
+        }
+    }
+
+    fn emit(&self, event: LeaseEvent) {
+        if let Some(hook) = &self.shared.hook {
+            // A panicking hook must not stop the heartbeat loop.
+            let call = std::panic::AssertUnwindSafe(|| hook(event));
+            if std::panic::catch_unwind(call).is_err() {
+                tracing::error!("lease event hook panicked");
+            }
+        }
+    }
+
+    async fn tick(&mut self) {
+        self.shared.counters.ticks.fetch_add(1, Ordering::Relaxed);
+        let shared = self.shared.clone();
+        if !self.registered {
+            let t_sent = Instant::now();
+            let result =
+                tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names)).await;
+            Self::record_latency("register", t_sent);
+            match result {
+                Ok(Ok(())) => {
+                    self.registered = true;
+                    self.registered_ticks = 0;
+                }
+                Ok(Err(e)) => self.store_failed("register", &e),
+                Err(_) => self.store_failed_msg("register", "timed out"),
+            }
+            if !self.registered {
+                self.expire_local(Instant::now());
+                self.publish();
+                return;
+            }
+        }
+        self.expire_local(Instant::now());
+
+        // Read first, so a role freed since the last tick (a notification woke
+        // us) is claimed in this same tick.
+        self.read_snapshot().await;
+        if shared.candidate.load(Ordering::Acquire) {
+            self.claim().await;
+        } else {
+            self.release_all().await;
+        }
+        self.publish();
+        let calls = std::mem::take(&mut self.calls_this_tick);
+        if self.registered_ticks > 0 {
+            shared
+                .counters
+                .max_calls_per_tick
+                .fetch_max(calls, Ordering::Relaxed);
+        }
+        self.registered_ticks += 1;
+    }
+
+    async fn claim(&mut self) {
+        let shared = self.shared.clone();
+        // A term whose deadline passed during the snapshot read is over: never
+        // revive it with its old token.
+        let now = Instant::now();
+        self.expire_local(now);
+        // A draining instance keeps what it holds but takes nothing new.
+        let draining = shared.draining.load(Ordering::Acquire);
+        let mut claims = Vec::new();
+        let mut which = Vec::new();
+        for (i, r) in self.roles.iter().enumerate() {
+            let held_token = r.held.map(|h| h.token);
+            if held_token.is_some() || (!draining && r.next_attempt <= now) {
+                claims.push(Claim {
+                    role: shared.roles[i].name.to_string(),
+                    held_token,
+                    duration: shared.roles[i].timings.duration,
+                });
+                which.push(i);
+            }
+        }
+        if claims.is_empty() {
+            return;
+        }
+        let window = which
+            .iter()
+            .map(|&i| shared.roles[i].timings.duration - shared.roles[i].timings.safety_margin)
+            .min()
+            .unwrap_or(shared.op_timeout);
+        shared.counters.claim_calls.fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
+        let t_sent = Instant::now();
+        let result =
+            tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
+        let t_recv = Instant::now();
+        Self::record_latency("claim", t_sent);
+        let grants = match result {
+            Ok(Ok(grants)) => grants,
+            Ok(Err(e)) => return self.store_failed("claim", &e),
+            Err(_) => return self.store_failed_msg("claim", "timed out"),
+        };
+        self.store_ok = true;
+        let granted: HashMap<&str, u64> =
+            grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
+        let mut tally = OpTally::default();
+        let mut renewed = Vec::new();
+        for &i in &which {
+            let meta = &shared.roles[i];
+            let renewing = self.roles[i].held.is_some();
+            let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
+            match granted.get(&*meta.name) {
+                Some(&token) if t_recv < deadline => {
+                    tally.add(renewing, "granted");
+                    match self.roles[i].held {
+                        Some(ref mut h) if h.token == token => {
+                            h.held_until = deadline;
+                            if h.published {
+                                renewed.push((i, token, deadline));
+                            }
+                        }
+                        _ => {
+                            // A new term. An older one still believed ends with this publish.
+                            self.end_term(i);
+                            shared.counters.term_changes.fetch_add(1, Ordering::Relaxed);
+                            metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string()).increment(1);
+                            self.roles[i].held = Some(HeldTerm {
+                                token,
+                                held_until: deadline,
+                                // Replaced by the publish instant before readers see it.
+                                started: t_recv,
+                                published: false,
+                            });
+                            tracing::info!(role = %meta.name, token, "acquired role");
+                        }
+                    }
+                    let st = &mut self.roles[i].state;
+                    st.token = token;
+                    st.holder = Some(shared.instance_id.clone());
+                    st.holder_address = Some(shared.instance.address.as_str().into());
+                    st.holder_valid_until = Some(t_sent + meta.timings.duration);
+                }
+                Some(&token) => {
+                    // Late: the grant may already be unsafe to act on. Abandon the term;
+                    // the next claim asks for a fresh one (the store still names this
+                    // instance, so it is granted at once).
+                    shared
+                        .counters
+                        .late_responses
+                        .fetch_add(1, Ordering::Relaxed);
+                    tally.add(renewing, "late");
+                    tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
+                    self.end_term(i);
+                    self.roles[i].state.token = token;
+                    self.roles[i].state.holder = Some(shared.instance_id.clone());
+                }
+                None => {
+                    // A denied renewal extends nothing, but the last grant's deadline
+                    // still stands: the store keeps that term at least that long. So a
+                    // row briefly locked by another claimer costs a renewal, not the
+                    // role. A newer term elsewhere shows in the next snapshot read.
+                    tally.add(renewing, "denied");
+                    if renewing {
+                        tracing::debug!(role = %meta.name, "renewal not applied this tick; keeping the current deadline");
+                    }
+                }
+            }
+        }
+        tally.emit();
+        if self.shared.hook.is_some() {
+            for (i, token, until) in renewed {
+                self.emit(LeaseEvent::Renewed {
+                    instance: shared.instance_id.clone(),
+                    role: shared.roles[i].name.clone(),
+                    token,
+                    until,
+                });
+            }
+        }
+    }
+
+    async fn read_snapshot(&mut self) {
+        let shared = self.shared.clone();
+        shared
+            .counters
+            .snapshot_calls
+            .fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
+        let t_sent = Instant::now();
+        let result =
+            tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
+        let t_recv = Instant::now();
+        Self::record_latency("snapshot", t_sent);
+        let records = match result {
+            Ok(Ok(records)) => records,
+            Ok(Err(e)) => return self.store_failed("snapshot", &e),
+            Err(_) => return self.store_failed_msg("snapshot", "timed out"),
+        };
+        self.store_ok = true;
+        self.loaded = true;
+        if records.len() < shared.names.len() {
+            // Rows vanished (a restored or new database): register them again.
+            tracing::warn!(
+                found = records.len(),
+                expected = shared.names.len(),
+                "lease rows missing from the store; registering them again"
+            );
+            self.registered = false;
+        }
+        for rec in records {
+            let Some(&i) = shared.index.get(rec.role.as_str()) else {
+                continue;
+            };
+            let mine = rec.holder.as_deref() == Some(shared.instance.id.as_str());
+            if let Some(h) = self.roles[i].held {
+                if rec.token != h.token || !mine {
+                    // The store no longer shows our term (a newer term, a release, a
+                    // rollback): it is over, whatever the deadline says.
+                    tracing::warn!(role = %rec.role, token = h.token, store_token = rec.token, "the store no longer shows this instance's term; role lost");
+                    self.end_term(i);
+                }
+            }
+            let r = &mut self.roles[i];
+            r.state.holder = rec.holder.as_deref().map(Arc::from);
+            r.state.holder_address = rec.holder_address.as_deref().map(Arc::from);
+            r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
+            let live = rec.holder.is_some() && !rec.remaining.is_zero();
+            r.state.holder_valid_until = live.then(|| t_recv + rec.remaining);
+            r.next_attempt = if live && !mine {
+                // Try again just after the observed expiry: crash takeover lands
+                // right after `duration` instead of a poll later.
+                t_recv + rec.remaining + Duration::from_millis(1)
+            } else {
+                t_recv
+            };
+        }
+    }
+
+    fn publish(&mut self) {
+        let now = Instant::now();
+        let mut began = Vec::new();
+        // A term's interval starts when readers can first see it: now, just
+        // before the store below.
+        for (i, r) in self.roles.iter_mut().enumerate() {
+            let held = r.held.is_some();
+            if r.gauge_held != Some(held) {
+                r.gauge_held = Some(held);
+                metrics::gauge!(telemetry::LEASE_HELD, "role" => r.state.name.to_string())
+                    .set(if held { 1.0 } else { 0.0 });
+            }
+            if let Some(h) = &mut r.held {
+                if !h.published {
+                    h.started = now;
+                    h.published = true;
+                    began.push((i, *h));
+                }
+            }
+        }
+        for (i, h) in began {
+            self.emit(LeaseEvent::Began {
+                instance: self.shared.instance_id.clone(),
+                role: self.roles[i].state.name.clone(),
+                token: h.token,
+                at: now,
+                until: h.held_until,
+            });
+        }
+        let snapshot = HolderSnapshot {
+            roles: self
+                .roles
+                .iter()
+                .map(|r| RoleState {
+                    held_until: r.held.map(|h| h.held_until),
+                    ..r.state.clone()
+                })
+                .collect(),
+            published_at: now,
+            loaded: self.loaded,
+            store_ok: self.store_ok,
+            candidate: self.shared.candidate.load(Ordering::Acquire),
+            draining: self.shared.draining.load(Ordering::Acquire),
+        };
+        let previous = self.shared.snapshot.swap(Arc::new(snapshot));
+        if !self.ended.is_empty() {
+            // Readers hold the snapshot only while checking. Once the previous
+            // one has no reader left, nobody can still believe an ended term:
+            // that instant is the term's recorded end.
+            let start = Instant::now();
+            while Arc::strong_count(&previous) > 1 && start.elapsed() < Duration::from_millis(100) {
+                std::thread::yield_now();
+            }
+        }
+        drop(previous);
+        let stored = Instant::now();
+        for (i, h) in std::mem::take(&mut self.ended) {
+            self.emit(LeaseEvent::Ended {
+                instance: self.shared.instance_id.clone(),
+                role: self.roles[i].state.name.clone(),
+                token: h.token,
+                at: h.held_until.min(stored).max(h.started),
+            });
+        }
+        metrics::gauge!(telemetry::READY).set(if self.loaded && self.store_ok {
+            1.0
+        } else {
+            0.0
+        });
+        self.published += 1;
+        self.shared.published.send_replace(self.published);
+    }
+
+    /// Ends local belief first (published), then releases in one store call
+    /// every term this instance holds or that the store still shows as its own.
+    async fn release_all(&mut self) {
+        let mut held: Vec<(String, u64)> = Vec::new();
+        for (i, r) in self.roles.iter().enumerate() {
+            let name = self.shared.roles[i].name.to_string();
+            if let Some(h) = r.held {
+                held.push((name, h.token));
+            } else if r.state.holder.as_deref() == Some(&*self.shared.instance_id) {
+                // Abandoned (late) or unseen grants the store still gives us; the
+                // store's token check keeps this safe.
+                held.push((name, r.state.token));
+            }
+        }
+        for i in 0..self.roles.len() {
+            self.end_term(i);
+        }
+        self.publish();
+        if held.is_empty() {
+            return;
+        }
+        let shared = self.shared.clone();
+        shared
+            .counters
+            .release_calls
+            .fetch_add(1, Ordering::Relaxed);
+        self.calls_this_tick += 1;
+        let t_sent = Instant::now();
+        let result = tokio::time::timeout(
+            shared.op_timeout,
+            shared.store.release(&shared.instance, &held),
+        )
+        .await;
+        Self::record_latency("release", t_sent);
+        match result {
+            Ok(Ok(released)) => {
+                metrics::counter!(telemetry::LEASE_OPS, "op" => "release", "outcome" => "granted")
+                    .increment(released.len() as u64);
+                for r in &released {
+                    if let Some(&i) = shared.index.get(r.as_str()) {
+                        self.roles[i].state.holder = None;
+                        self.roles[i].state.holder_address = None;
+                        self.roles[i].state.holder_valid_until = None;
+                    }
+                }
+                if !released.is_empty() {
+                    tracing::info!(count = released.len(), "released held roles");
+                }
+            }
+            Ok(Err(e)) => self.store_failed("release", &e),
+            Err(_) => self.store_failed_msg("release", "timed out"),
+        }
+    }
+}
+
+/// Lease operation outcomes of one claim, emitted as a few counter updates.
+#[derive(Default)]
+struct OpTally(HashMap<(&'static str, &'static str), u64>);
+
+impl OpTally {
+    fn add(&mut self, renewing: bool, outcome: &'static str) {
+        *self
+            .0
+            .entry((if renewing { "renew" } else { "acquire" }, outcome))
+            .or_default() += 1;
+    }
+
+    fn emit(self) {
+        for ((op, outcome), n) in self.0 {
+            metrics::counter!(telemetry::LEASE_OPS, "op" => op, "outcome" => outcome).increment(n);
+        }
+    }
+}
+
+async fn recv_feed(feed: &mut Option<crate::store::ChangeFeed>) -> Option<()> {
+    match feed {
+        Some(f) => f.recv().await,
+        None => std::future::pending().await,
+    }
+}
