@@ -461,34 +461,37 @@ async fn postgres_outage_fails_closed_then_recovers() {
         .await;
 }
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_outage_fails_closed_then_recovers() {
-    let server = std::sync::Mutex::new(support::PrivateServer::redis());
-    let url = server.lock().unwrap().redis_url();
-    let store = redis_at(&url).await;
+/// The outage test on a Redis or etcd server this test owns.
+#[cfg(any(feature = "redis", feature = "etcd"))]
+async fn private_server_outage(
+    server: support::PrivateServer,
+    store: Arc<dyn LeaseStore>,
+    t: LeaseTimings,
+) {
+    let server = std::sync::Mutex::new(server);
     outage_fails_closed_then_recovers(
         store,
-        TIMINGS,
+        t,
         || server.lock().unwrap().stop_server(),
         || server.lock().unwrap().start_server(),
     )
     .await;
 }
 
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_outage_fails_closed_then_recovers() {
+    let server = support::PrivateServer::redis();
+    let store = redis_at(&server.redis_url()).await;
+    private_server_outage(server, store, TIMINGS).await;
+}
+
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_outage_fails_closed_then_recovers() {
-    let server = std::sync::Mutex::new(support::PrivateServer::etcd());
-    let url = server.lock().unwrap().etcd_url();
-    let store = etcd_at(&url).await;
-    outage_fails_closed_then_recovers(
-        store,
-        ETCD_TIMINGS,
-        || server.lock().unwrap().stop_server(),
-        || server.lock().unwrap().start_server(),
-    )
-    .await;
+    let server = support::PrivateServer::etcd();
+    let store = etcd_at(&server.etcd_url()).await;
+    private_server_outage(server, store, ETCD_TIMINGS).await;
 }
 
 /// Roles released by a non-candidate are taken by another; it contends again later.
