@@ -22,6 +22,7 @@ impl Scale {
         factor: 1,
         slack_ms: 0,
     };
+    #[cfg(feature = "etcd")]
     const SECONDS: Scale = Scale {
         factor: 10,
         slack_ms: 1_000,
