@@ -52,7 +52,7 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
             address: c.advertise_address().to_string(),
             candidate: c.is_candidate(),
             store: c.store_kind(),
-            ready: snap.loaded && snap.store_ok,
+            ready: c.is_ready(),
             draining,
         },
         roles: snap
@@ -132,16 +132,9 @@ async fn render_metrics(State(s): State<AdminState>) -> Response {
 }
 
 async fn readyz(State(c): State<Coordinator>) -> Response {
-    if c.is_ready() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        let snap = c.snapshot();
-        let why = if !snap.loaded {
-            "not ready: no snapshot from the store yet\n"
-        } else {
-            "not ready: the lease store is unreachable\n"
-        };
-        (StatusCode::SERVICE_UNAVAILABLE, why).into_response()
+    match c.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
     }
 }
 
@@ -217,7 +210,12 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
     ))
 }
 
-/// Serves the admin router until `stop` turns true.
+/// Admin connections served at once; more wait in the backlog.
+const ADMIN_MAX_CONNECTIONS: usize = 64;
+
+/// Serves the admin router until `stop` turns true. Like the public listener
+/// it has a header read timeout and a connection cap, so slow or idle clients
+/// cannot hold it: `/readyz` keeps answering.
 pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
@@ -225,12 +223,53 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
 ) {
     let app = router(coordinator, metrics);
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            let _ = stop.wait_for(|s| *s).await;
-        })
-        .await;
-    if let Err(e) = result {
-        tracing::warn!(error = %e, "admin listener failed");
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
+    let mut accept_errors = crate::gateway::AcceptBackoff::default();
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s,
+            _ = crate::gateway::stopped(&mut stop) => return,
+        };
+        let Ok(slot) = slot else { return };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = crate::gateway::stopped(&mut stop) => return,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => {
+                accept_errors.reset();
+                stream
+            }
+            Err(e) => {
+                accept_errors.failed(&e).await;
+                continue;
+            }
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(crate::gateway::HEADER_READ_TIMEOUT.min(std::time::Duration::from_secs(10)))
+                .max_buf_size(crate::gateway::MAX_HEAD_BYTES)
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            let idle = std::time::Duration::from_secs(60);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                _ = tokio::time::sleep(idle) => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+                _ = crate::gateway::stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "admin connection ended with an error");
+            }
+        });
     }
 }

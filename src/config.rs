@@ -141,6 +141,7 @@ pub struct HealthConfig {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct UpstreamConfig {
+    #[serde(serialize_with = "redact_url")]
     pub url: String,
     pub health: Option<HealthConfig>,
 }
@@ -154,6 +155,33 @@ pub struct ProxyConfig {
     pub retry_after: Option<u64>,
     #[serde(serialize_with = "redacted")]
     pub cluster_secret: Option<String>,
+    /// No byte either way on a connection or tunnel for this long closes it.
+    #[serde(with = "duration_text")]
+    pub idle_timeout: Duration,
+    /// Match route prefixes ignoring ASCII case.
+    pub case_insensitive_paths: bool,
+    /// `Upgrade` protocols passed through (lowercase); others are stripped.
+    pub upgrades: Vec<String>,
+    /// Networks whose `X-Forwarded-*`/`Forwarded` fields are kept.
+    #[serde(serialize_with = "cidrs")]
+    pub trusted_proxies: Vec<crate::proxy::trust::Cidr>,
+    /// Public-listener connections served at once.
+    pub max_connections: usize,
+}
+
+fn cidrs<S: serde::Serializer>(v: &[crate::proxy::trust::Cidr], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|c| c.to_string()))
+}
+
+/// Defaults of the `proxy` section, used by the config loader and the layers.
+pub mod proxy_defaults {
+    use std::time::Duration;
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+    pub const RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    pub const CASE_INSENSITIVE_PATHS: bool = true;
+    pub const UPGRADES: &[&str] = &["websocket"];
+    pub const MAX_CONNECTIONS: usize = 10_000;
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -336,19 +364,9 @@ fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> ConfigError {
     }
 }
 
-/// Hides a password in a URL (`scheme://user:secret@host` → `user:<redacted>@`).
+/// Hides secrets in a URL (userinfo password, `password=`-like parameters).
 fn redact_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
-    let shown = match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let creds = &url[scheme + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:<redacted>{}", &url[..scheme + 3], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    };
-    s.serialize_str(&shown)
+    s.serialize_str(&crate::redact::redact_url(url))
 }
 
 fn redacted<S: serde::Serializer>(v: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -485,6 +503,11 @@ struct RawProxy {
     response_header_timeout: Option<Text>,
     retry_after: Option<Spanned<u64>>,
     cluster_secret: Option<Text>,
+    idle_timeout: Option<Text>,
+    case_insensitive_paths: Option<bool>,
+    upgrades: Option<Vec<Text>>,
+    trusted_proxies: Option<Vec<Text>>,
+    max_connections: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -780,10 +803,10 @@ impl Resolver<'_> {
             });
         }
 
-        let routes = self.routes(&raw.routes, &roles, &partitions)?;
-
         let proxy = self.proxy(&raw.proxy)?;
-        let shutdown = ShutdownConfig {
+        let routes = self.routes(&raw.routes, &roles, &partitions, proxy.case_insensitive_paths)?;
+
+                let shutdown = ShutdownConfig {
             drain_timeout: self.duration(
                 &raw.shutdown.drain_timeout,
                 "shutdown.drain_timeout",
@@ -901,6 +924,7 @@ impl Resolver<'_> {
         raw: &[RawRoute],
         roles: &[RoleConfig],
         partitions: &[PartitionConfig],
+        fold_case: bool,
     ) -> Result<Vec<RouteConfig>, ConfigError> {
         let mut claimed: HashMap<String, usize> = HashMap::new();
         let mut out = Vec::new();
@@ -918,14 +942,13 @@ impl Resolver<'_> {
             for (j, p) in r.prefixes.value.iter().enumerate() {
                 let key = format!("{at}.prefixes[{j}]");
                 let s = self.text(p, &key)?;
-                crate::proxy::routes::check_prefix(&s)
+                let normal = crate::proxy::routes::canonical_prefix(&s, fold_case)
                     .map_err(|m| self.err(Some(&p.referenced), &key, m))?;
-                let normal = crate::proxy::routes::normalize_prefix(&s);
                 if let Some(prev) = claimed.insert(normal.clone(), i) {
                     return Err(self.err(
                         Some(&p.referenced),
                         &key,
-                        format!("prefix `{normal}` is already claimed by routes[{prev}]"),
+                        format!("prefix `{s}` is `{normal}` once canonicalized, already claimed by routes[{prev}]"),
                     ));
                 }
                 prefixes.push(normal);
@@ -993,16 +1016,16 @@ impl Resolver<'_> {
     }
 
     fn proxy(&self, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
-        let connect_timeout = self.duration(
-            &raw.connect_timeout,
-            "proxy.connect_timeout",
-            Duration::from_secs(1),
-        )?;
+        use proxy_defaults as d;
+        let connect_timeout =
+            self.duration(&raw.connect_timeout, "proxy.connect_timeout", d::CONNECT_TIMEOUT)?;
         let response_header_timeout = self.duration(
             &raw.response_header_timeout,
             "proxy.response_header_timeout",
-            Duration::from_secs(30),
+            d::RESPONSE_HEADER_TIMEOUT,
         )?;
+        let idle_timeout =
+            self.duration(&raw.idle_timeout, "proxy.idle_timeout", d::IDLE_TIMEOUT)?;
         for (v, t, key) in [
             (
                 connect_timeout,
@@ -1014,6 +1037,7 @@ impl Resolver<'_> {
                 &raw.response_header_timeout,
                 "proxy.response_header_timeout",
             ),
+            (idle_timeout, &raw.idle_timeout, "proxy.idle_timeout"),
         ] {
             if v.is_zero() {
                 return Err(self.err(
@@ -1033,11 +1057,54 @@ impl Resolver<'_> {
                 ));
             }
         }
+        let mut upgrades = Vec::new();
+        for (i, u) in raw.upgrades.iter().flatten().enumerate() {
+            let key = format!("proxy.upgrades[{i}]");
+            let name = self.text(u, &key)?.to_ascii_lowercase();
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')) {
+                return Err(self.err(Some(&u.referenced), &key, format!("`{name}` is not a protocol name")));
+            }
+            if name == "h2c" {
+                return Err(self.err(
+                    Some(&u.referenced),
+                    &key,
+                    "h2c cannot be passed through: the tunnel would carry requests past the gate",
+                ));
+            }
+            upgrades.push(name);
+        }
+        if raw.upgrades.is_none() {
+            upgrades = d::UPGRADES.iter().map(|s| s.to_string()).collect();
+        }
+        let mut trusted_proxies = Vec::new();
+        for (i, t) in raw.trusted_proxies.iter().flatten().enumerate() {
+            let key = format!("proxy.trusted_proxies[{i}]");
+            let text = self.text(t, &key)?;
+            trusted_proxies.push(text.parse().map_err(|m: String| self.err(Some(&t.referenced), &key, m))?);
+        }
+        let max_connections = match &raw.max_connections {
+            None => d::MAX_CONNECTIONS,
+            Some(m) if m.value == 0 || m.value > 1_000_000 => {
+                return Err(self.err(
+                    Some(&m.referenced),
+                    "proxy.max_connections",
+                    "must be between 1 and 1000000",
+                ))
+            }
+            Some(m) => m.value as usize,
+        };
         Ok(ProxyConfig {
             connect_timeout,
             response_header_timeout,
             retry_after: raw.retry_after.as_ref().map(|s| s.value),
             cluster_secret,
+            idle_timeout,
+            case_insensitive_paths: raw
+                .case_insensitive_paths
+                .unwrap_or(d::CASE_INSENSITIVE_PATHS),
+            upgrades,
+            trusted_proxies,
+            max_connections,
         })
     }
 

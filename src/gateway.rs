@@ -23,16 +23,23 @@ use crate::config::{Config, RouteTarget};
 use crate::lease::{Coordinator, CoordinatorBuilder};
 use crate::proxy::forward::prepare_headers;
 use crate::proxy::gate::{Decision, GateSettings, GateTarget, Outcome};
-use crate::proxy::headers::{strip_rolegate, ROLE, TOKEN};
+use crate::proxy::headers::{ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
+use crate::proxy::idle::{Progress, ProgressIo};
 use crate::proxy::problem::{Problem, Reason};
-use crate::proxy::routes::RouteTable;
+use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{ForwardError, Forwarder, KeyExtractor};
 use crate::telemetry::{self, TrackedBody};
 use http_body::Body as _;
 
 /// Largest request head (request line + headers) accepted; larger gets 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
+/// Most header fields in a request head; more gets 431.
+pub const MAX_HEADERS: usize = 100;
+
+/// How long a client may take to send a request head (public and admin).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything a request needs, shared by all connections.
 pub struct GatewayState {
@@ -51,7 +58,7 @@ impl GatewayState {
         coordinator: Coordinator,
         forwarder: Forwarder,
     ) -> Result<Self, String> {
-        let mut routes = RouteTable::default();
+        let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
         for r in &config.routes {
             let target = match &r.target {
                 RouteTarget::Role(name) => GateTarget::Role(
@@ -81,6 +88,8 @@ impl GatewayState {
                 signer: HopSigner::new(config.proxy.cluster_secret.as_deref()),
                 retry_after_secs: config.retry_after_secs(),
                 forwarder,
+                upgrades: config.proxy.upgrades.clone().into(),
+                trusted_proxies: config.proxy.trusted_proxies.clone().into(),
             },
             upstream,
             coordinator,
@@ -91,15 +100,33 @@ impl GatewayState {
     /// Answers one request.
     pub async fn handle(&self, req: Request<Incoming>, client: SocketAddr) -> Response<Body> {
         let mut req = req.map(Body::new);
-        if !req.uri().path().starts_with('/') {
-            let problem = Problem::new(
-                Reason::BadRequest,
-                "the request target must be a path starting with /",
+        if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
+            // A server-wide capability probe: answered here, gating nothing.
+            let mut resp = Response::new(Body::empty());
+            resp.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
             );
+            return finish(resp, Outcome::Passthrough);
+        }
+        if let Some(problem) = refuse_request(&req) {
             let (resp, outcome) = self.settings.reject(problem);
             return finish(resp, outcome);
         }
-        let Some(target) = self.routes.find(req.uri().path()) else {
+        let target = match self.routes.find(req.uri().path()) {
+            Ok(target) => target,
+            Err(e) => {
+                let reason = match e {
+                    RouteError::Ambiguous => Reason::AmbiguousPath,
+                    RouteError::BadPath(_) => Reason::BadRequest,
+                };
+                let (resp, outcome) = self.settings.reject(Problem::new(reason, e.to_string()));
+                return finish(resp, outcome);
+            }
+        };
+        let Some(target) = target else {
+            // Remember a verified hop (its forwarding fields are trusted).
+            self.settings.take_hop(&mut req);
             let (resp, outcome) = self.to_upstream(req, client, None).await;
             return finish(resp, outcome);
         };
@@ -145,8 +172,11 @@ impl GatewayState {
         client: SocketAddr,
         lease: Option<(Arc<str>, u64)>,
     ) -> (Response<Body>, Outcome) {
-        strip_rolegate(req.headers_mut());
-        prepare_headers(&mut req, Some(client), &self.settings.instance_id);
+        let trusted = self.settings.trusts(&req, Some(client));
+        prepare_headers(
+            &mut req,
+            self.settings.hop_context(trusted, Some(client), false),
+        );
         let outcome = match &lease {
             Some((role, token)) => {
                 if let Ok(v) = http::HeaderValue::from_str(role) {
@@ -166,16 +196,54 @@ impl GatewayState {
         match answer {
             Ok(resp) => (resp, outcome),
             Err(e) => {
-                let reason = match e {
-                    ForwardError::Timeout(..) => Reason::UpstreamTimeout,
-                    _ => Reason::UpstreamUnreachable,
+                let (reason, detail) = match e {
+                    ForwardError::ClientBody => {
+                        // The client's fault: not an upstream failure.
+                        tracing::debug!(error = %e, "client request body failed");
+                        (Reason::BadBody, "the request body was malformed or cut off")
+                    }
+                    ForwardError::Timeout(..) => {
+                        (Reason::UpstreamTimeout, "the app did not answer in time")
+                    }
+                    _ => (Reason::UpstreamUnreachable, "the app could not be reached"),
                 };
-                tracing::warn!(upstream = %self.upstream, error = %e, "upstream request failed");
-                let p = Problem::new(reason, format!("upstream {}: {e}", self.upstream))
-                    .role(lease.map(|(r, _)| r));
+                if reason != Reason::BadBody {
+                    tracing::warn!(upstream = %crate::redact::redact_url(&self.upstream), error = %crate::redact::redact_text(&e.to_string()), "upstream request failed");
+                }
+                let p = Problem::new(reason, detail).role(lease.map(|(r, _)| r));
                 self.settings.reject(p)
             }
         }
+    }
+}
+
+/// Requests refused before routing: `CONNECT` (405), a target that is not a
+/// path (400; `OPTIONS *` is answered by the app), two `Host` fields, or an
+/// HTTP/1.1 request without one (400).
+fn refuse_request(req: &Request<Body>) -> Option<Problem> {
+    if req.method() == http::Method::CONNECT {
+        return Some(Problem::new(
+            Reason::MethodNotAllowed,
+            "CONNECT is not supported",
+        ));
+    }
+    if !req.uri().path().starts_with('/') {
+        return Some(Problem::new(
+            Reason::BadRequest,
+            "the request target must be a path starting with /",
+        ));
+    }
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Some(Problem::new(
+            Reason::BadRequest,
+            "the request has more than one Host field",
+        )),
+        (None, _) if req.version() == http::Version::HTTP_11 => Some(Problem::new(
+            Reason::BadRequest,
+            "an HTTP/1.1 request needs a Host field",
+        )),
+        _ => None,
     }
 }
 
@@ -185,7 +253,7 @@ fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
         Outcome::Local => "local",
         Outcome::Forwarded => "forwarded",
         Outcome::Passthrough => "passthrough",
-        Outcome::Rejected(Reason::MissingKey | Reason::BadRequest) => "bad_request",
+        Outcome::Rejected(r) if r.status().is_client_error() => "bad_request",
         Outcome::Rejected(r) => r.as_str(),
     };
     telemetry::request_metrics().count(label);
@@ -238,20 +306,45 @@ impl ConnectionTracker {
     }
 }
 
+/// Connection limits of the public listener.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeLimits {
+    /// Connections served at once; beyond it new ones wait in the backlog.
+    pub max_connections: usize,
+    /// No byte either way for this long closes the connection.
+    pub idle_timeout: Duration,
+}
+
 /// Accepts connections until the tracker's shutdown begins.
-pub async fn serve(listener: TcpListener, state: Arc<GatewayState>, tracker: ConnectionTracker) {
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<GatewayState>,
+    tracker: ConnectionTracker,
+    limits: ServeLimits,
+) {
     let mut stop = tracker.stop.subscribe();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut accept_errors = AcceptBackoff::default();
     loop {
+        // Take a slot first: at the cap, connections wait in the kernel's
+        // backlog and file descriptors stay free for the admin listener.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s,
+            _ = stopped(&mut stop) => return,
+        };
+        let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             a = listener.accept() => a,
             _ = stopped(&mut stop) => return,
         };
         let (stream, client) = match accepted {
-            Ok(pair) => pair,
+            Ok(pair) => {
+                accept_errors.reset();
+                pair
+            }
             Err(e) => {
                 // Out of file descriptors and the like: back off, never exit.
-                tracing::warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                accept_errors.failed(&e).await;
                 continue;
             }
         };
@@ -260,23 +353,35 @@ pub async fn serve(listener: TcpListener, state: Arc<GatewayState>, tracker: Con
         let tracker = tracker.clone();
         tracker.active.fetch_add(1, Ordering::AcqRel);
         tokio::spawn(async move {
+            let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 async move { Ok::<_, Infallible>(state.handle(req, client).await) }
             });
+            let progress = Progress::new();
+            progress.touch();
+            let io = ProgressIo::new(stream, progress.clone());
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30))
+                .header_read_timeout(HEADER_READ_TIMEOUT)
                 .max_buf_size(MAX_HEAD_BYTES)
-                .serve_connection(TokioIo::new(stream), service)
+                .max_headers(MAX_HEADERS)
+                .serve_connection(TokioIo::new(io), service)
                 .with_upgrades();
             tokio::pin!(conn);
             let mut stop = tracker.stop.subscribe();
             let result = tokio::select! {
                 r = conn.as_mut() => r,
+                _ = progress.idle_for(limits.idle_timeout) => {
+                    tracing::debug!(%client, idle = ?limits.idle_timeout, "connection idle; closing");
+                    Ok(())
+                }
                 _ = stopped(&mut stop) => {
                     conn.as_mut().graceful_shutdown();
-                    conn.await
+                    tokio::select! {
+                        r = conn.as_mut() => r,
+                        _ = progress.idle_for(limits.idle_timeout) => Ok(()),
+                    }
                 }
             };
             if let Err(e) = result {
@@ -286,6 +391,69 @@ pub async fn serve(listener: TcpListener, state: Arc<GatewayState>, tracker: Con
                 tracker.idle.notify_waiters();
             }
         });
+    }
+}
+
+/// Accept failures (out of file descriptors, mostly): a growing pause between
+/// attempts, and at most one log line per second with how many were hidden.
+#[derive(Default)]
+pub(crate) struct AcceptBackoff {
+    delay: Duration,
+    last_log: Option<std::time::Instant>,
+    hidden: u64,
+}
+
+impl AcceptBackoff {
+    pub(crate) fn reset(&mut self) {
+        self.delay = Duration::ZERO;
+    }
+
+    pub(crate) async fn failed(&mut self, e: &std::io::Error) {
+        let now = std::time::Instant::now();
+        if self
+            .last_log
+            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, suppressed = self.hidden, "accept failed; backing off");
+            self.last_log = Some(now);
+            self.hidden = 0;
+        } else {
+            self.hidden += 1;
+        }
+        self.delay = (self.delay * 2).clamp(Duration::from_millis(10), Duration::from_millis(500));
+        tokio::time::sleep(self.delay).await;
+    }
+}
+
+/// Raises the soft open-files limit to the hard limit; returns the soft limit
+/// now in force (`None`: unlimited or unknown).
+pub fn raise_nofile_limit() -> Option<u64> {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let wanted = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, wanted) {
+            Ok(()) => limit = getrlimit(Resource::Nofile),
+            Err(e) => tracing::debug!(error = %e, "cannot raise the open-files limit"),
+        }
+    }
+    limit.current
+}
+
+/// `max_connections` within the open-files limit: each proxied connection
+/// may need a second descriptor upstream, and some stay free for the admin
+/// listener, the store and logs.
+pub fn connection_cap(max_connections: usize, nofile: Option<u64>) -> usize {
+    const RESERVED: u64 = 64;
+    match nofile {
+        Some(n) => {
+            let fit = (n.saturating_sub(RESERVED) / 2).max(1) as usize;
+            max_connections.min(fit)
+        }
+        None => max_connections,
     }
 }
 
@@ -322,6 +490,16 @@ async fn run_config(
     config: Config,
     events: Option<Arc<crate::events::EventLog>>,
 ) -> Result<(), String> {
+    let nofile = raise_nofile_limit();
+    let max_connections = connection_cap(config.proxy.max_connections, nofile);
+    if max_connections < config.proxy.max_connections {
+        tracing::warn!(
+            configured = config.proxy.max_connections,
+            open_files_limit = nofile,
+            using = max_connections,
+            "proxy.max_connections lowered to fit the open-files limit"
+        );
+    }
     // Metrics first, so every handle created below reports to the recorder.
     let metrics = match telemetry::install() {
         Ok(handle) => {
@@ -392,7 +570,8 @@ async fn run_config(
         config.proxy.connect_timeout,
         config.proxy.response_header_timeout,
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| e.to_string())?
+    .with_idle_timeout(config.proxy.idle_timeout);
     let mut state = GatewayState::new(&config, coordinator.clone(), forwarder)?;
     state.events = events;
     let state = Arc::new(state);
@@ -431,7 +610,11 @@ async fn run_config(
         metrics,
         admin_stop.1,
     ));
-    let server = tokio::spawn(serve(listener, state, tracker.clone()));
+    let limits = ServeLimits {
+        max_connections,
+        idle_timeout: config.proxy.idle_timeout,
+    };
+    let server = tokio::spawn(serve(listener, state, tracker.clone(), limits));
 
     shutdown_signal().await;
     tracing::info!(drain_timeout = ?config.shutdown.drain_timeout, "stopping: no new local work, draining in-flight requests");
@@ -467,6 +650,7 @@ async fn watch_health(
     health: crate::config::HealthConfig,
 ) {
     let url = format!("{upstream}{}", health.path);
+    let shown = crate::redact::redact_url(&url);
     let timeout = health
         .interval
         .clamp(Duration::from_millis(100), Duration::from_secs(2));
@@ -481,13 +665,13 @@ async fn watch_health(
         if ok {
             failures = 0;
             if !coordinator.is_candidate() {
-                tracing::info!(%url, "upstream healthy again; contending for roles");
+                tracing::info!(url = %shown, "upstream healthy again; contending for roles");
                 coordinator.set_candidate(true);
             }
         } else {
             failures = failures.saturating_add(1);
             if coordinator.is_candidate() && failures >= health.unhealthy_after {
-                tracing::warn!(%url, failures, "upstream unhealthy; releasing roles and not contending");
+                tracing::warn!(url = %shown, failures, "upstream unhealthy; releasing roles and not contending");
                 coordinator.set_candidate(false);
             }
         }
@@ -514,7 +698,7 @@ fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 /// Resolves once the flag turns true (the guard is dropped before returning).
-async fn stopped(rx: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 

@@ -10,6 +10,7 @@ pub mod gateway;
 pub mod identity;
 pub mod lease;
 pub mod proxy;
+pub mod redact;
 pub mod store;
 pub mod telemetry;
 

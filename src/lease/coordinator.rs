@@ -125,6 +125,17 @@ pub(super) struct Shared {
     pub(super) op_timeout: Duration,
 }
 
+/// Why [`Coordinator::readiness`] says no.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotReady {
+    /// The store has not answered since start.
+    #[error("no snapshot from the lease store yet")]
+    NoSnapshot,
+    /// The last successful store round trip is too old to trust any lease.
+    #[error("the last successful lease store round trip was {since:.1?} ago (limit {window:?}, duration - safety_margin)")]
+    StoreStale { since: Duration, window: Duration },
+}
+
 /// Builds a [`Coordinator`]: who this instance is, its roles and partitions, its store.
 pub struct CoordinatorBuilder {
     store: Arc<dyn LeaseStore>,
@@ -264,6 +275,7 @@ impl CoordinatorBuilder {
             published_at: now,
             loaded: false,
             store_ok: false,
+            last_ok_sent: None,
             candidate: true,
             draining: false,
         };
@@ -358,11 +370,29 @@ impl Coordinator {
         &self.shared.names
     }
 
-    /// True once the store answered and a snapshot from it is published, and
-    /// the last store round trip succeeded.
+    /// True once a snapshot from the store is published and the last store
+    /// round trip that succeeded was sent less than `duration - safety_margin`
+    /// ago (the shortest among the roles): readiness ends no later than the
+    /// first held role fails closed.
     pub fn is_ready(&self) -> bool {
+        self.readiness().is_ok()
+    }
+
+    /// Why this instance is not ready, judged now.
+    pub fn readiness(&self) -> Result<(), NotReady> {
         let s = self.shared.snapshot.load();
-        s.loaded && s.store_ok
+        if !s.loaded {
+            return Err(NotReady::NoSnapshot);
+        }
+        let window = self.shared.op_timeout;
+        match s.last_ok_sent {
+            Some(t) if t.elapsed() < window => Ok(()),
+            Some(t) => Err(NotReady::StoreStale {
+                since: t.elapsed(),
+                window,
+            }),
+            None => Err(NotReady::NoSnapshot),
+        }
     }
 
     /// Resolves when a snapshot newer than the current one is published.

@@ -49,6 +49,8 @@ pub(super) struct HeartbeatLoop {
     ended: Vec<(usize, HeldTerm)>,
     loaded: bool,
     store_ok: bool,
+    /// When the last store round trip that succeeded was sent (readiness).
+    last_ok_sent: Option<Instant>,
     registered: bool,
     registered_ticks: u64,
     calls_this_tick: u64,
@@ -78,6 +80,7 @@ impl HeartbeatLoop {
             ended: Vec::new(),
             loaded: false,
             store_ok: false,
+            last_ok_sent: None,
             registered: false,
             registered_ticks: 0,
             calls_this_tick: 0,
@@ -168,7 +171,14 @@ impl HeartbeatLoop {
             .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
         {
             self.last_error_log = Some(now);
+            let error = crate::redact::redact_text(error);
             tracing::warn!(store = self.shared.store.kind(), op = what, %error, "lease store call failed; failing closed and retrying");
+        }
+    }
+
+    fn store_answered(&mut self, t_sent: Instant) {
+        if self.last_ok_sent.is_none_or(|t| t < t_sent) {
+            self.last_ok_sent = Some(t_sent);
         }
     }
 
@@ -294,6 +304,7 @@ impl HeartbeatLoop {
             Err(_) => return self.store_failed_msg("claim", "timed out"),
         };
         self.store_ok = true;
+        self.store_answered(t_sent);
         let granted: HashMap<&str, u64> =
             grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
         let mut tally = OpTally::default();
@@ -390,6 +401,7 @@ impl HeartbeatLoop {
             Err(_) => return self.store_failed_msg("snapshot", "timed out"),
         };
         self.store_ok = true;
+        self.store_answered(t_sent);
         self.loaded = true;
         if records.len() < shared.names.len() {
             // Rows vanished (a restored or new database): register them again.
@@ -470,6 +482,7 @@ impl HeartbeatLoop {
             published_at: now,
             loaded: self.loaded,
             store_ok: self.store_ok,
+            last_ok_sent: self.last_ok_sent,
             candidate: self.shared.candidate.load(Ordering::Acquire),
             draining: self.shared.draining.load(Ordering::Acquire),
         };
@@ -493,7 +506,10 @@ impl HeartbeatLoop {
                 at: h.held_until.min(stored).max(h.started),
             });
         }
-        metrics::gauge!(telemetry::READY).set(if self.loaded && self.store_ok {
+        let fresh = self
+            .last_ok_sent
+            .is_some_and(|t| t.elapsed() < self.shared.op_timeout);
+        metrics::gauge!(telemetry::READY).set(if self.loaded && fresh {
             1.0
         } else {
             0.0

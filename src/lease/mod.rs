@@ -11,7 +11,7 @@ mod snapshot;
 
 pub use coordinator::{
     Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, HolderInfo, LeaseEvent,
-    OneShotLease, RoleLease, RolePartition, MAX_DURATION,
+    NotReady, OneShotLease, RoleLease, RolePartition, MAX_DURATION,
 };
 pub use partition::{partition_index, partition_role_name, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};

@@ -45,6 +45,8 @@ pub struct HolderSnapshot {
     pub loaded: bool,
     /// True when the last store round trip succeeded.
     pub store_ok: bool,
+    /// When the last store round trip that succeeded was sent.
+    pub last_ok_sent: Option<Instant>,
     /// Whether this instance currently contends for roles.
     pub candidate: bool,
     /// Set once draining began: no new local work is admitted.

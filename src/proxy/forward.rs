@@ -3,7 +3,10 @@
 //! (WebSocket) bridged by copying bytes both ways. No retries, no queues.
 
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
@@ -13,7 +16,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::headers::{add_forwarding, is_upgrade_request, strip_hop_by_hop};
+use super::headers::{
+    add_forwarding, is_upgrade_request, strip_hop_by_hop, strip_rolegate,
+    strip_untrusted_forwarding, upgrade_allowed,
+};
+use super::idle::{Progress, ProgressIo};
 
 /// Idle pooled connections are closed after this, below the 5 s keep-alive
 /// common in app servers, so a reused connection is rarely one the peer closes.
@@ -34,13 +41,21 @@ pub enum ForwardError {
     BadTarget(String),
     #[error("TLS setup failed: {0}")]
     Tls(String),
+    /// The client's request body broke off or was malformed (bad chunk
+    /// framing): the client's fault, answered 400.
+    #[error("the client's request body was malformed or cut off")]
+    ClientBody,
 }
+
+/// Default `proxy.idle_timeout`.
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The pooled client every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
     client: Client<HttpsConnector<HttpConnector>, Body>,
     response_header_timeout: Duration,
+    idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for Forwarder {
@@ -74,7 +89,14 @@ impl Forwarder {
         Ok(Self {
             client,
             response_header_timeout,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
         })
+    }
+
+    /// Sets how long an upgraded tunnel may move no byte either way.
+    pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
+        self.idle_timeout = idle;
+        self
     }
 
     /// A GET of `url`: true for a 2xx answer within `timeout` (health probes).
@@ -108,7 +130,9 @@ impl Forwarder {
     }
 
     /// Sends `req` (headers already prepared) to `base` + its path and query,
-    /// streaming bodies. Upgrades are bridged when both sides switch.
+    /// streaming bodies. The response-head timeout runs from the end of the
+    /// request body, so a slow upload is never cut by it. Upgrades are bridged
+    /// when both sides switch.
     pub async fn proxy(
         &self,
         mut req: Request<Body>,
@@ -126,21 +150,33 @@ impl Forwarder {
         *req.version_mut() = http::Version::HTTP_11;
         let upgrade = is_upgrade_request(req.headers());
         let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+        let watch = Arc::new(BodyWatch::default());
+        let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let sent =
-            tokio::time::timeout(self.response_header_timeout, self.client.request(req)).await;
+        let send = self.client.request(req);
+        let head_deadline = async {
+            watch.ended().await;
+            tokio::time::sleep(self.response_header_timeout).await;
+        };
+        let sent = tokio::select! {
+            r = send => Some(r),
+            _ = head_deadline => None,
+        };
         let mut resp = match sent {
-            Err(_) => {
+            None => {
                 return Err(ForwardError::Timeout(
                     base.to_string(),
                     self.response_header_timeout,
                 ))
             }
-            Ok(Err(e)) if e.is_connect() => {
+            Some(Err(_)) if watch.failed.load(Ordering::Acquire) => {
+                return Err(ForwardError::ClientBody)
+            }
+            Some(Err(e)) if e.is_connect() => {
                 return Err(ForwardError::Connect(base.to_string(), error_chain(&e)));
             }
-            Ok(Err(e)) => return Err(ForwardError::Failed(base.to_string(), error_chain(&e))),
-            Ok(Ok(resp)) => resp,
+            Some(Err(e)) => return Err(ForwardError::Failed(base.to_string(), error_chain(&e))),
+            Some(Ok(resp)) => resp,
         };
 
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -151,6 +187,7 @@ impl Forwarder {
                 ));
             };
             let peer_side = hyper::upgrade::on(&mut resp);
+            let idle = self.idle_timeout;
             tokio::spawn(async move {
                 let (client, peer) = match tokio::try_join!(client_side, peer_side) {
                     Ok(pair) => pair,
@@ -160,15 +197,98 @@ impl Forwarder {
                     }
                 };
                 let _open = crate::telemetry::OpenGuard::upgrade();
-                let mut client = TokioIo::new(client);
-                let mut peer = TokioIo::new(peer);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut peer).await;
+                let progress = Progress::new();
+                progress.touch();
+                let mut client = ProgressIo::new(TokioIo::new(client), progress.clone());
+                let mut peer = ProgressIo::new(TokioIo::new(peer), progress.clone());
+                tokio::select! {
+                    _ = tokio::io::copy_bidirectional(&mut client, &mut peer) => {}
+                    _ = progress.idle_for(idle) => {
+                        tracing::debug!(?idle, "upgraded tunnel idle; closing");
+                    }
+                }
             });
             strip_hop_by_hop(resp.headers_mut(), true);
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
         }
         Ok(resp.map(Body::new))
+    }
+}
+
+/// What the forwarding path learns from the client's request body.
+#[derive(Debug, Default)]
+struct BodyWatch {
+    ended: AtomicBool,
+    failed: AtomicBool,
+    changed: tokio::sync::Notify,
+}
+
+impl BodyWatch {
+    fn end(&self, failed: bool) {
+        if failed {
+            self.failed.store(true, Ordering::Release);
+        }
+        if !self.ended.swap(true, Ordering::AcqRel) {
+            self.changed.notify_waiters();
+        }
+    }
+
+    /// Resolves once the request body has been sent whole (or failed).
+    async fn ended(&self) {
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.ended.load(Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// The client's request body, reporting its end and any error to a [`BodyWatch`].
+struct WatchedBody {
+    inner: Body,
+    watch: Arc<BodyWatch>,
+}
+
+impl WatchedBody {
+    fn new(inner: Body, watch: Arc<BodyWatch>) -> Self {
+        if http_body::Body::is_end_stream(&inner) {
+            watch.end(false);
+        }
+        Self { inner, watch }
+    }
+}
+
+impl http_body::Body for WatchedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.watch.end(false),
+            Poll::Ready(Some(Err(_))) => self.watch.end(true),
+            Poll::Ready(Some(Ok(_))) if http_body::Body::is_end_stream(&self.inner) => {
+                self.watch.end(false)
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -183,16 +303,39 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Prepares a request's headers for the next hop: hop-by-hop removed (upgrade
-/// kept when asked), forwarding headers appended.
-pub fn prepare_headers(req: &mut Request<Body>, client: Option<SocketAddr>, by: &str) {
-    let upgrade = is_upgrade_request(req.headers());
-    strip_hop_by_hop(req.headers_mut(), upgrade);
-    add_forwarding(req.headers_mut(), client, by, "http");
+/// Who a request is being prepared for, and what the gateway knows of it.
+#[derive(Debug, Clone, Copy)]
+pub struct HopContext<'a> {
+    /// The peer that sent the request to this gateway.
+    pub client: Option<SocketAddr>,
+    /// This instance's id (`Forwarded: by=`, the loop guard in `Via`).
+    pub by: &'a str,
+    /// The peer's `X-Forwarded-*`/`Forwarded` are kept (trusted proxy, or a
+    /// hop verified with the cluster secret).
+    pub trusted: bool,
+    /// `proxy.upgrades`: protocols `Upgrade` may ask for.
+    pub upgrades: &'a [String],
+    /// The next hop is a peer gateway (not the local app).
+    pub to_peer: bool,
+}
+
+/// Prepares a request's headers for the next hop: client-sent rolegate
+/// fields and look-alikes removed, forwarding fields replaced unless trusted,
+/// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.
+pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
+    let headers = req.headers_mut();
+    if hop.trusted {
+        strip_rolegate(headers);
+    } else {
+        strip_untrusted_forwarding(headers);
+    }
+    let upgrade = is_upgrade_request(headers) && upgrade_allowed(headers, hop.upgrades);
+    strip_hop_by_hop(headers, upgrade);
+    add_forwarding(headers, hop.client, hop.by, "http", hop.to_peer);
     // HTTP/1.0 clients may send no Host; the URI authority fills it later.
-    if let Some(h) = req.headers().get(header::HOST) {
+    if let Some(h) = headers.get(header::HOST) {
         if h.is_empty() {
-            req.headers_mut().remove(header::HOST);
+            headers.remove(header::HOST);
         }
     }
 }

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderMap, HeaderValue, Request, Response, Uri};
 
-use super::forward::{prepare_headers, ForwardError, Forwarder};
-use super::headers::{strip_rolegate, HOP};
+use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext};
+use super::headers::HOP;
 use super::hop::HopSigner;
-use super::keys::KeyExtractor;
+use super::keys::{KeyError, KeyExtractor};
+use super::trust::{is_trusted, Cidr};
 use super::problem::{Problem, Reason};
 use crate::lease::{HeldLease, RoleLease, RolePartition};
 
@@ -65,14 +66,23 @@ impl GateTarget {
                 scope,
                 key,
             } => {
-                let Some(k) = key.extract(uri, headers) else {
-                    return Decision::Reject(
-                        Problem::new(
-                            Reason::MissingKey,
-                            format!("partition `{}` needs a key ({key:?})", partition.name()),
-                        )
-                        .partition(Some(partition.name().clone())),
-                    );
+                let k = match key.extract(uri, headers) {
+                    Ok(k) => k,
+                    Err(e) => {
+                        let (reason, detail) = match e {
+                            KeyError::Missing => (
+                                Reason::MissingKey,
+                                format!("partition `{}` needs a key ({key:?})", partition.name()),
+                            ),
+                            other => (
+                                Reason::BadKey,
+                                format!("partition `{}` key ({key:?}): {other}", partition.name()),
+                            ),
+                        };
+                        return Decision::Reject(
+                            Problem::new(reason, detail).partition(Some(partition.name().clone())),
+                        );
+                    }
                 };
                 let r = match scope {
                     Some(s) => partition.resolve_scoped(s, &k),
@@ -123,9 +133,12 @@ pub enum Outcome {
     Rejected(Reason),
 }
 
-/// Request extension: this request arrived as a verified forwarded hop.
+/// Request extension: this request arrived as a verified forwarded hop;
+/// `signed` when it was verified with the cluster secret.
 #[derive(Debug, Clone, Copy)]
-pub struct ForwardedHop;
+pub struct ForwardedHop {
+    pub signed: bool,
+}
 
 /// Per-process settings shared by every gated request.
 #[derive(Clone)]
@@ -134,9 +147,38 @@ pub struct GateSettings {
     pub signer: HopSigner,
     pub retry_after_secs: u64,
     pub forwarder: Forwarder,
+    /// `proxy.upgrades`.
+    pub upgrades: Arc<[String]>,
+    /// `proxy.trusted_proxies`.
+    pub trusted_proxies: Arc<[Cidr]>,
 }
 
 impl GateSettings {
+    /// Whether the peer's forwarding fields may be kept: it is a trusted
+    /// proxy, or the request is a hop verified with the cluster secret.
+    pub fn trusts(&self, req: &Request<Body>, client: Option<SocketAddr>) -> bool {
+        req.extensions()
+            .get::<ForwardedHop>()
+            .is_some_and(|h| h.signed)
+            || is_trusted(&self.trusted_proxies, client.map(|c| c.ip()))
+    }
+
+    /// Header preparation for the next hop.
+    pub fn hop_context<'a>(
+        &'a self,
+        trusted: bool,
+        client: Option<SocketAddr>,
+        to_peer: bool,
+    ) -> HopContext<'a> {
+        HopContext {
+            client,
+            by: &self.instance_id,
+            trusted,
+            upgrades: &self.upgrades,
+            to_peer,
+        }
+    }
+
     /// Whether the request carries a hop marker that counts; a marker that
     /// does not verify is removed, and the request is treated as fresh.
     pub fn take_hop(&self, req: &mut Request<Body>) -> bool {
@@ -144,9 +186,11 @@ impl GateSettings {
         if req.extensions().get::<ForwardedHop>().is_some() {
             return true;
         }
-        // Two rolegate hops behind us means a loop (mismatched secrets, or
-        // instances that each think the other holds the role): never forward again.
-        let looped = super::headers::rolegate_hops(req.headers()) >= 2;
+        // This instance already passed the request on (its id in a `Via`
+        // comment): a loop, whatever the secrets say; never forward again.
+        // Without a secret, two rolegate hops behind us count as a loop too.
+        let looped = super::headers::passed_through(req.headers(), &self.instance_id)
+            || (!self.signer.is_signed() && super::headers::rolegate_hops(req.headers()) >= 2);
         let Some(value) = req.headers().get(HOP) else {
             return looped;
         };
@@ -157,7 +201,8 @@ impl GateSettings {
             .unwrap_or("/");
         let ok = self.signer.verify(value, req.method().as_str(), path);
         if ok {
-            req.extensions_mut().insert(ForwardedHop);
+            let signed = self.signer.is_signed();
+            req.extensions_mut().insert(ForwardedHop { signed });
         } else {
             // Debug, not warn: any client can send a bad marker.
             tracing::debug!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
@@ -175,8 +220,8 @@ impl GateSettings {
         role: Arc<str>,
         partition: Option<Arc<str>>,
     ) -> (Response<Body>, Outcome) {
-        strip_rolegate(req.headers_mut());
-        prepare_headers(&mut req, client, &self.instance_id);
+        let trusted = self.trusts(&req, client);
+        prepare_headers(&mut req, self.hop_context(trusted, client, true));
         let path = req
             .uri()
             .path_and_query()
@@ -192,12 +237,25 @@ impl GateSettings {
         match self.forwarder.proxy(req, address).await {
             Ok(resp) => (resp, Outcome::Forwarded),
             Err(e) => {
-                let reason = match e {
-                    ForwardError::Timeout(..) => Reason::HolderTimeout,
-                    _ => Reason::HolderUnreachable,
+                let (reason, detail) = match e {
+                    ForwardError::ClientBody => {
+                        // The client's fault: not a holder failure.
+                        tracing::debug!(%role, error = %e, "client request body failed while forwarding");
+                        (Reason::BadBody, "the request body was malformed or cut off".to_string())
+                    }
+                    ForwardError::Timeout(..) => (
+                        Reason::HolderTimeout,
+                        format!("the holder of role `{role}` did not answer in time"),
+                    ),
+                    _ => (
+                        Reason::HolderUnreachable,
+                        format!("the holder of role `{role}` could not be reached"),
+                    ),
                 };
-                tracing::warn!(%role, holder = address, error = %e, "forwarding to the role holder failed");
-                let p = Problem::new(reason, format!("role `{role}` holder at {address}: {e}"))
+                if reason != Reason::BadBody {
+                    tracing::warn!(%role, holder = address, error = %e, "forwarding to the role holder failed");
+                }
+                let p = Problem::new(reason, detail)
                     .role(Some(role))
                     .partition(partition);
                 (

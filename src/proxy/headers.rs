@@ -1,6 +1,8 @@
-//! Header rules of SPEC 6.3: hop-by-hop fields stripped both ways (including
-//! every field `Connection` names), forwarding headers appended, client-sent
-//! `X-Rolegate-*` removed at the edge.
+//! Header rules: hop-by-hop fields stripped both ways (including every field
+//! `Connection` names), forwarding headers appended (or replaced, for clients
+//! outside `trusted_proxies`), client-sent `X-Rolegate-*` and their `_`
+//! look-alikes removed at the edge, and `Upgrade` passed only for allowed
+//! protocols.
 
 use std::net::SocketAddr;
 
@@ -14,6 +16,7 @@ const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 const FORWARDED: HeaderName = HeaderName::from_static("forwarded");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const HTTP2_SETTINGS: HeaderName = HeaderName::from_static("http2-settings");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// How many rolegate gateways a request already passed (its `Via` entries).
@@ -22,13 +25,83 @@ pub fn rolegate_hops(headers: &HeaderMap) -> usize {
         .get_all(header::VIA)
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter(|e| e.trim_ascii().eq_ignore_ascii_case(b"1.1 rolegate"))
+        .filter(|e| {
+            let e = e.trim_ascii();
+            e.len() >= 12
+                && e[..12].eq_ignore_ascii_case(b"1.1 rolegate")
+                && (e.len() == 12 || e[12] == b' ')
+        })
         .count()
+}
+
+/// Whether this very instance already passed the request on to a peer (its
+/// id is in a `Via: 1.1 rolegate (<id>)` comment): a forwarding loop.
+pub fn passed_through(headers: &HeaderMap, instance_id: &str) -> bool {
+    headers
+        .get_all(header::VIA)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|e| {
+            let e = e.trim_ascii();
+            let open = e.iter().position(|b| *b == b'(')?;
+            e[open + 1..].strip_suffix(b")")
+        })
+        .any(|id| id == instance_id.as_bytes())
+}
+
+/// Whether header names `a` and `b` are the same once `_` is read as `-`
+/// and ASCII case ignored (CGI/WSGI servers turn both into `HTTP_A_B`).
+pub fn same_when_underscored(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes().zip(b.bytes()).all(|(x, y)| {
+            let x = if x == b'_' { b'-' } else { x };
+            let y = if y == b'_' { b'-' } else { y };
+            x.eq_ignore_ascii_case(&y)
+        })
+}
+
+/// Whether `name` is set only by gateways and proxies: `X-Rolegate-*`, the
+/// forwarding fields, or any of them spelled with `_` for `-`.
+fn is_gateway_field(name: &str, with_forwarding: bool) -> bool {
+    let dashed = |s: &str| -> String { s.replace('_', "-").to_ascii_lowercase() };
+    let n = if name.contains('_') {
+        dashed(name)
+    } else {
+        name.to_owned()
+    };
+    if n.starts_with("x-rolegate-") {
+        return true;
+    }
+    let forwarding = n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip";
+    forwarding && (with_forwarding || name.contains('_'))
 }
 
 /// Whether a request asks for a protocol upgrade (WebSocket and friends).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
+}
+
+/// Whether every protocol the request's `Upgrade` names is in `allowed`
+/// (names compared without version, ignoring ASCII case). `h2c` is never
+/// allowed: a tunnel would carry requests past the gate.
+pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    let mut any = false;
+    for value in headers.get_all(header::UPGRADE) {
+        for proto in value.as_bytes().split(|b| *b == b',') {
+            let proto = proto.trim_ascii();
+            if proto.is_empty() {
+                continue;
+            }
+            let name = proto.split(|b| *b == b'/').next().unwrap_or_default();
+            if name.eq_ignore_ascii_case(b"h2c")
+                || !allowed.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(name))
+            {
+                return false;
+            }
+            any = true;
+        }
+    }
+    any
 }
 
 fn connection_has(headers: &HeaderMap, token: &str) -> bool {
@@ -76,6 +149,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         header::UPGRADE,
         header::PROXY_AUTHENTICATE,
         header::PROXY_AUTHORIZATION,
+        HTTP2_SETTINGS,
     ] {
         headers.remove(&name);
     }
@@ -88,11 +162,30 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Removes every client-sent `X-Rolegate-*` field: only gateways set them.
+/// Removes every client-sent `X-Rolegate-*` field and every `_` look-alike
+/// of it or of a forwarding field: only gateways set them.
 pub fn strip_rolegate(headers: &mut HeaderMap) {
+    strip_fields(headers, false);
+}
+
+/// Removes what `strip_rolegate` does plus the forwarding fields themselves
+/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`): for a client whose view of
+/// the chain is not trusted.
+pub fn strip_untrusted_forwarding(headers: &mut HeaderMap) {
+    strip_fields(headers, true);
+}
+
+fn strip_fields(headers: &mut HeaderMap, with_forwarding: bool) {
+    // Fast path: nothing to do for the usual request.
+    if !headers.keys().any(|k| {
+        let n = k.as_str();
+        n.contains('_') || n.starts_with("x-rolegate-") || (with_forwarding && (n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip"))
+    }) {
+        return;
+    }
     let names: Vec<HeaderName> = headers
         .keys()
-        .filter(|k| k.as_str().starts_with("x-rolegate-"))
+        .filter(|k| is_gateway_field(k.as_str(), with_forwarding))
         .cloned()
         .collect();
     for name in names {
@@ -101,8 +194,16 @@ pub fn strip_rolegate(headers: &mut HeaderMap) {
 }
 
 /// Appends `Forwarded`, `X-Forwarded-For`, and sets `X-Forwarded-Proto/-Host`
-/// when the client did not; adds `Via: 1.1 rolegate`.
-pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &str, proto: &str) {
+/// when the client did not; adds `Via: 1.1 rolegate`, or on a hop to a peer
+/// gateway `Via: 1.1 rolegate (<by>)` so a forwarding loop comes back
+/// recognizable.
+pub fn add_forwarding(
+    headers: &mut HeaderMap,
+    client: Option<SocketAddr>,
+    by: &str,
+    proto: &str,
+    to_peer: bool,
+) {
     use std::fmt::Write as _;
     // One buffer for the Forwarded element (this runs on every request).
     let mut forwarded = String::with_capacity(96);
@@ -113,11 +214,7 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
         };
     }
     // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
-    if !by.is_empty()
-        && by
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if token_safe(by) {
         let _ = write!(forwarded, "by=_{by};proto={proto}");
     } else {
         let _ = write!(forwarded, "by=unknown;proto={proto}");
@@ -147,7 +244,19 @@ pub fn add_forwarding(headers: &mut HeaderMap, client: Option<SocketAddr>, by: &
             headers.insert(X_FORWARDED_HOST, h);
         }
     }
-    append(headers, header::VIA, "1.1 rolegate");
+    if to_peer && token_safe(by) {
+        forwarded.clear();
+        let _ = write!(forwarded, "1.1 rolegate ({by})");
+        append(headers, header::VIA, &forwarded);
+    } else {
+        append(headers, header::VIA, "1.1 rolegate");
+    }
+}
+
+fn token_safe(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// Appends to a comma-separated list field, joining existing values.
@@ -253,9 +362,59 @@ mod tests {
             ("x-rolegate-role", "admin"),
             ("X-Rolegate-Token", "99"),
             ("x-other", "1"),
+            ("x_other_thing", "1"),
         ]);
         strip_rolegate(&mut h);
-        assert_eq!(h.len(), 1);
+        assert_eq!(h.len(), 2);
+    }
+
+    #[test]
+    fn underscore_look_alikes_of_gateway_fields_are_removed() {
+        let mut h = map(&[
+            ("x_rolegate_role", "maintenance"),
+            ("X_Rolegate_Token", "999"),
+            ("x-rolegate_hop", "gw"),
+            ("x_forwarded_for", "10.9.9.9"),
+            ("X_Forwarded_Proto", "https"),
+            ("x_real_ip", "10.9.9.9"),
+            ("x-forwarded-for", "10.0.0.1"),
+            ("x_custom", "kept"),
+        ]);
+        strip_rolegate(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, vec!["x-forwarded-for", "x_custom"]);
+        strip_untrusted_forwarding(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x_custom"]);
+    }
+
+    #[test]
+    fn only_allowed_upgrades_pass_and_h2c_never() {
+        let allowed = vec!["websocket".to_string()];
+        assert!(upgrade_allowed(&map(&[("upgrade", "websocket")]), &allowed));
+        assert!(upgrade_allowed(&map(&[("upgrade", "WebSocket")]), &allowed));
+        assert!(!upgrade_allowed(&map(&[("upgrade", "h2c")]), &allowed));
+        assert!(!upgrade_allowed(&map(&[("upgrade", "websocket, h2c")]), &allowed));
+        assert!(!upgrade_allowed(&map(&[("upgrade", "h2c")]), &["h2c".to_string()]));
+        assert!(!upgrade_allowed(&map(&[("upgrade", "TLS/1.2")]), &allowed));
+        assert!(!upgrade_allowed(&HeaderMap::new(), &allowed));
+        let mut h = map(&[
+            ("connection", "Upgrade, HTTP2-Settings"),
+            ("upgrade", "h2c"),
+            ("http2-settings", "AAMAAABkAARAAAAAAAIAAAAA"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "{h:?}");
+        let mut h = map(&[("http2-settings", "AAMA")]);
+        strip_hop_by_hop(&mut h, false);
+        assert!(h.is_empty(), "HTTP2-Settings is always hop-by-hop");
+    }
+
+    #[test]
+    fn look_alike_names_compare_with_underscores_as_dashes() {
+        assert!(same_when_underscored("x_device_id", "x-device-id"));
+        assert!(same_when_underscored("X_Device-Id", "x-device-id"));
+        assert!(!same_when_underscored("x_device_ids", "x-device-id"));
     }
 
     #[test]
@@ -266,6 +425,7 @@ mod tests {
             Some("127.0.0.1:5000".parse().unwrap()),
             "gw-1",
             "http",
+            false,
         );
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 127.0.0.1");
         assert_eq!(
@@ -275,8 +435,11 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "example.com");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["via"], "1.1 rolegate");
-        add_forwarding(&mut h, Some("[::1]:1".parse().unwrap()), "gw-2", "http");
-        assert_eq!(h["via"], "1.1 rolegate, 1.1 rolegate");
+        add_forwarding(&mut h, Some("[::1]:1".parse().unwrap()), "gw-2", "http", true);
+        assert_eq!(h["via"], "1.1 rolegate, 1.1 rolegate (gw-2)");
+        assert_eq!(rolegate_hops(&h), 2);
+        assert!(passed_through(&h, "gw-2"));
+        assert!(!passed_through(&h, "gw-1"));
         assert!(h["forwarded"]
             .to_str()
             .unwrap()

@@ -55,6 +55,11 @@ impl HopSigner {
         mac
     }
 
+    /// Whether markers are signed with a cluster secret.
+    pub fn is_signed(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// The marker to send on a forwarded request.
     pub fn marker(&self, origin: &str, method: &str, path: &str) -> Option<HeaderValue> {
         let text = match &self.key {

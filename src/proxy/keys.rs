@@ -1,6 +1,8 @@
 //! Partition keys: where a route finds the key a partition is chosen by.
-//! Keys are taken as received (nothing is percent-decoded), so a client and
-//! `rolegate resolve` agree byte for byte.
+//! The key is the value the app itself will see (path segments and query
+//! values percent-decoded once), so `rolegate resolve KEY` and the library's
+//! `resolve(key)` agree with the gateway whatever encoding the client used.
+//! Where two parsers could see two different keys, the request is refused.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -62,34 +64,131 @@ impl KeyExtractor {
         }
     }
 
-    /// The key, or `None` when absent or empty.
-    pub fn extract<'a>(&self, uri: &'a Uri, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
-        let key: Option<Cow<'a, str>> = match self {
-            KeyExtractor::Header(name) => headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(|s| Cow::Borrowed(s.trim())),
-            KeyExtractor::Query(name) => uri.query().and_then(|q| {
-                q.split('&').find_map(|pair| {
-                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-                    (k == name).then_some(Cow::Borrowed(v))
-                })
-            }),
-            KeyExtractor::PathSegment(n) => uri
-                .path()
-                .split('/')
-                .skip(1)
-                .nth(n.saturating_sub(1))
-                .map(Cow::Borrowed),
-            KeyExtractor::PathSegmentLast => {
-                let path = uri.path();
-                let path = path.strip_suffix('/').unwrap_or(path);
-                path.rsplit('/').next().map(Cow::Borrowed)
+    /// The key the app will see: path segments and query values are
+    /// percent-decoded (`+` is a space in a query), header values are used as
+    /// sent. A key given twice, or a path the app may split differently,
+    /// is refused rather than guessed.
+    pub fn extract<'a>(&self, uri: &'a Uri, headers: &'a HeaderMap) -> Result<Cow<'a, str>, KeyError> {
+        let key: Cow<'a, str> = match self {
+            KeyExtractor::Header(name) => header_key(headers, name)?,
+            KeyExtractor::Query(name) => {
+                let query = uri.query().unwrap_or_default();
+                let by_amp = query_key(query, name, false)?;
+                if query.contains(';') && query_key(query, name, true)? != by_amp {
+                    // Some servers split on `;` as well as `&`.
+                    return Err(KeyError::Ambiguous);
+                }
+                by_amp.ok_or(KeyError::Missing)?
             }
-            KeyExtractor::Custom(f) => f(uri, headers).map(Cow::Owned),
+            KeyExtractor::PathSegment(n) => {
+                let segments = path_segments(uri.path())?;
+                let raw = segments
+                    .get(n.saturating_sub(1))
+                    .copied()
+                    .ok_or(KeyError::Missing)?;
+                decode_utf8(raw, false)?
+            }
+            KeyExtractor::PathSegmentLast => {
+                let segments = path_segments(uri.path())?;
+                let raw = segments.last().copied().ok_or(KeyError::Missing)?;
+                decode_utf8(raw, false)?
+            }
+            KeyExtractor::Custom(f) => Cow::Owned(f(uri, headers).ok_or(KeyError::Missing)?),
         };
-        key.filter(|k| !k.is_empty())
+        if key.is_empty() {
+            return Err(KeyError::Missing);
+        }
+        Ok(key)
     }
+}
+
+/// Why a request has no usable partition key (answered 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("the key is missing or empty")]
+    Missing,
+    #[error("the key is given more than once")]
+    Duplicate,
+    #[error("the key reads differently depending on how the app parses the request")]
+    Ambiguous,
+    #[error("the key is not UTF-8 text once decoded")]
+    NotText,
+}
+
+/// A header key: exactly one field of that name, and no look-alike with `_`
+/// for `-` (CGI/WSGI servers merge the two).
+fn header_key<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Cow<'a, str>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next().ok_or(KeyError::Missing)?;
+    if values.next().is_some() {
+        return Err(KeyError::Duplicate);
+    }
+    if name.as_str().contains('-')
+        && headers
+            .keys()
+            .any(|k| k != name && super::headers::same_when_underscored(k.as_str(), name.as_str()))
+    {
+        return Err(KeyError::Duplicate);
+    }
+    let text = value.to_str().map_err(|_| KeyError::NotText)?;
+    Ok(Cow::Borrowed(text.trim()))
+}
+
+/// The value of query parameter `name` (names compared decoded and ignoring
+/// ASCII case); `Duplicate` when it appears twice. `semicolons` also splits
+/// pairs on `;`.
+fn query_key<'a>(query: &'a str, name: &str, semicolons: bool) -> Result<Option<Cow<'a, str>>, KeyError> {
+    let mut found = None;
+    let pairs = query.split(|c| c == '&' || (semicolons && c == ';'));
+    for pair in pairs.filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = decode_utf8(k, true).unwrap_or(Cow::Borrowed(k));
+        if !k.eq_ignore_ascii_case(name) {
+            continue;
+        }
+        if found.is_some() {
+            return Err(KeyError::Duplicate);
+        }
+        found = Some(decode_utf8(v, true)?);
+    }
+    Ok(found)
+}
+
+/// The raw segments of a path whose every reading agrees on its segments:
+/// refused when a segment is empty (but a trailing slash), a dot segment, or
+/// holds `\` or `;` or an encoded `/`, since frameworks split those differently.
+fn path_segments(path: &str) -> Result<Vec<&str>, KeyError> {
+    let body = path.strip_prefix('/').ok_or(KeyError::Missing)?;
+    let body = body.strip_suffix('/').unwrap_or(body);
+    if body.is_empty() {
+        return Ok(Vec::new());
+    }
+    let segments: Vec<&str> = body.split('/').collect();
+    for s in &segments {
+        let decoded = super::canonical::percent_decode(s.as_bytes());
+        if decoded.is_empty()
+            || &*decoded == b"."
+            || &*decoded == b".."
+            || decoded.iter().any(|b| matches!(b, b'/' | b'\\' | b';') || b.is_ascii_control())
+        {
+            return Err(KeyError::Ambiguous);
+        }
+    }
+    Ok(segments)
+}
+
+/// Percent-decodes once (`+` as a space when `plus`), as UTF-8.
+fn decode_utf8(raw: &str, plus: bool) -> Result<Cow<'_, str>, KeyError> {
+    if !raw.contains('%') && !(plus && raw.contains('+')) {
+        return Ok(Cow::Borrowed(raw));
+    }
+    let spaced: Cow<'_, [u8]> = if plus && raw.contains('+') {
+        Cow::Owned(raw.bytes().map(|b| if b == b'+' { b' ' } else { b }).collect())
+    } else {
+        Cow::Borrowed(raw.as_bytes())
+    };
+    let decoded = super::canonical::percent_decode(&spaced).into_owned();
+    String::from_utf8(decoded).map(Cow::Owned).map_err(|_| KeyError::NotText)
 }
 
 #[cfg(test)]
@@ -100,59 +199,81 @@ mod tests {
         s.parse().unwrap()
     }
 
+    fn key(k: &KeyExtractor, u: &str, h: &HeaderMap) -> Result<String, KeyError> {
+        k.extract(&uri(u), h).map(|c| c.into_owned())
+    }
+
     #[test]
     fn keys_from_each_source() {
         let mut h = HeaderMap::new();
         h.insert("x-device-id", "d-7".parse().unwrap());
-        let u = uri("/orders/42/items/9?id=abc&x=&flag");
+        let u = "/orders/42/items/9?id=abc&x=&flag";
+        let header = KeyExtractor::header("X-Device-Id").unwrap();
+        assert_eq!(key(&header, u, &h).as_deref(), Ok("d-7"));
+        let id = KeyExtractor::query("id");
+        assert_eq!(key(&id, u, &h).as_deref(), Ok("abc"));
+        assert_eq!(key(&KeyExtractor::query("x"), u, &h), Err(KeyError::Missing));
+        assert_eq!(key(&KeyExtractor::query("flag"), u, &h), Err(KeyError::Missing));
+        assert_eq!(key(&KeyExtractor::query("nope"), u, &h), Err(KeyError::Missing));
+        assert_eq!(key(&KeyExtractor::PathSegment(2), u, &h).as_deref(), Ok("42"));
+        assert_eq!(key(&KeyExtractor::PathSegment(9), u, &h), Err(KeyError::Missing));
+        assert_eq!(key(&KeyExtractor::PathSegmentLast, u, &h).as_deref(), Ok("9"));
+        assert_eq!(key(&KeyExtractor::PathSegmentLast, "/orders/7/", &h).as_deref(), Ok("7"));
         assert_eq!(
-            KeyExtractor::header("X-Device-Id")
-                .unwrap()
-                .extract(&u, &h)
-                .as_deref(),
-            Some("d-7")
-        );
-        assert_eq!(
-            KeyExtractor::query("id").extract(&u, &h).as_deref(),
-            Some("abc")
-        );
-        assert_eq!(
-            KeyExtractor::query("x").extract(&u, &h),
-            None,
-            "empty is missing"
-        );
-        assert_eq!(KeyExtractor::query("flag").extract(&u, &h), None);
-        assert_eq!(KeyExtractor::query("nope").extract(&u, &h), None);
-        assert_eq!(
-            KeyExtractor::PathSegment(2).extract(&u, &h).as_deref(),
-            Some("42")
-        );
-        assert_eq!(KeyExtractor::PathSegment(9).extract(&u, &h), None);
-        assert_eq!(
-            KeyExtractor::PathSegmentLast.extract(&u, &h).as_deref(),
-            Some("9")
-        );
-        assert_eq!(
-            KeyExtractor::PathSegmentLast
-                .extract(&uri("/orders/7/"), &h)
-                .as_deref(),
-            Some("7")
-        );
-        assert_eq!(
-            KeyExtractor::PathSegmentLast.extract(&uri("/orders//"), &h),
-            None
-        );
-        assert_eq!(
-            KeyExtractor::header("x-missing").unwrap().extract(&u, &h),
-            None
+            key(&KeyExtractor::header("x-missing").unwrap(), u, &h),
+            Err(KeyError::Missing)
         );
         let custom = KeyExtractor::custom(|u, _| u.path().strip_prefix("/t/").map(str::to_owned));
-        assert_eq!(custom.extract(&uri("/t/k1"), &h).as_deref(), Some("k1"));
-        assert_eq!(
-            KeyExtractor::query("id")
-                .extract(&uri("/a?id=a%20b"), &h)
-                .as_deref(),
-            Some("a%20b")
-        );
+        assert_eq!(key(&custom, "/t/k1", &h).as_deref(), Ok("k1"));
+    }
+
+    #[test]
+    fn keys_are_the_decoded_value_the_app_sees() {
+        let h = HeaderMap::new();
+        let last = KeyExtractor::PathSegmentLast;
+        assert_eq!(key(&last, "/orders/ord%65r-42", &h).as_deref(), Ok("order-42"));
+        assert_eq!(key(&last, "/orders/order-42", &h).as_deref(), Ok("order-42"));
+        let id = KeyExtractor::query("id");
+        assert_eq!(key(&id, "/a?id=a%20b", &h).as_deref(), Ok("a b"));
+        assert_eq!(key(&id, "/a?id=a+b", &h).as_deref(), Ok("a b"));
+        assert_eq!(key(&id, "/a?%69d=victim", &h).as_deref(), Ok("victim"));
+        assert_eq!(key(&id, "/a?ID=victim", &h).as_deref(), Ok("victim"));
+        assert_eq!(key(&id, "/a?id=%ff", &h), Err(KeyError::NotText));
+    }
+
+    #[test]
+    fn keys_given_twice_or_readable_two_ways_are_refused() {
+        let h = HeaderMap::new();
+        let id = KeyExtractor::query("id");
+        assert_eq!(key(&id, "/a?%69d=victim&id=benign", &h), Err(KeyError::Duplicate));
+        assert_eq!(key(&id, "/a?id=1&id=1", &h), Err(KeyError::Duplicate));
+        assert_eq!(key(&id, "/a?Id=1&id=2", &h), Err(KeyError::Duplicate));
+        assert_eq!(key(&id, "/a?x=1;id=2&id=3", &h), Err(KeyError::Duplicate));
+        assert_eq!(key(&id, "/a?id=1;x=2", &h), Err(KeyError::Ambiguous));
+        let last = KeyExtractor::PathSegmentLast;
+        for p in [
+            "/orders/a%2Fb",
+            "/orders/a%5Cb",
+            "/orders/a\\b",
+            "/orders//42",
+            "//orders/42",
+            "/orders/42/..",
+            "/orders/42/%2e%2e/43",
+            "/orders/42;v=1",
+        ] {
+            assert_eq!(key(&last, p, &h), Err(KeyError::Ambiguous), "{p}");
+        }
+        let seg = KeyExtractor::PathSegment(2);
+        assert_eq!(key(&seg, "/x/../orders/42", &h), Err(KeyError::Ambiguous));
+
+        let dev = KeyExtractor::header("X-Device-Id").unwrap();
+        let mut two = HeaderMap::new();
+        two.append("x-device-id", "a".parse().unwrap());
+        two.append("x-device-id", "b".parse().unwrap());
+        assert_eq!(key(&dev, "/", &two), Err(KeyError::Duplicate));
+        let mut look_alike = HeaderMap::new();
+        look_alike.append("x-device-id", "benign".parse().unwrap());
+        look_alike.append("x_device_id", "victim".parse().unwrap());
+        assert_eq!(key(&dev, "/", &look_alike), Err(KeyError::Duplicate));
     }
 }

@@ -19,7 +19,10 @@ use super::gate::{Decision, GateSettings, GateTarget};
 use super::headers::strip_rolegate;
 use super::hop::HopSigner;
 use super::keys::KeyExtractor;
-use super::routes::prefix_matches;
+use super::problem::{Problem, Reason};
+use super::routes::canonical_prefix;
+use super::trust::Cidr;
+use crate::config::proxy_defaults;
 use crate::lease::{Coordinator, HeldLease};
 
 /// Options shared by both layers.
@@ -28,18 +31,28 @@ pub struct LayerOptions {
     pub forwarder: Forwarder,
     pub cluster_secret: Option<String>,
     pub retry_after_secs: u64,
+    /// Match `prefixes` ignoring ASCII case (default true).
+    pub case_insensitive_paths: bool,
+    /// `Upgrade` protocols passed on a forwarded hop (default `websocket`).
+    pub upgrades: Vec<String>,
+    /// Networks whose `X-Forwarded-*`/`Forwarded` are kept on a forwarded hop.
+    pub trusted_proxies: Vec<Cidr>,
 }
 
 impl LayerOptions {
-    /// Defaults: connect timeout 1 s, response-head timeout 30 s, Retry-After 5 s.
+    /// The gateway's defaults: connect timeout 1 s, response-head timeout
+    /// 30 s, Retry-After 5 s, case-insensitive prefixes, `websocket` upgrades.
     pub fn new() -> Result<Self, ForwardError> {
         Ok(Self {
             forwarder: Forwarder::new(
-                std::time::Duration::from_secs(1),
-                std::time::Duration::from_secs(30),
+                proxy_defaults::CONNECT_TIMEOUT,
+                proxy_defaults::RESPONSE_HEADER_TIMEOUT,
             )?,
             cluster_secret: None,
             retry_after_secs: 5,
+            case_insensitive_paths: proxy_defaults::CASE_INSENSITIVE_PATHS,
+            upgrades: proxy_defaults::UPGRADES.iter().map(|s| s.to_string()).collect(),
+            trusted_proxies: Vec::new(),
         })
     }
 }
@@ -48,7 +61,9 @@ impl LayerOptions {
 struct Gate {
     /// `None`: the role is not registered; the layer installs nothing.
     target: Option<GateTarget>,
-    prefixes: Arc<[String]>,
+    /// Canonical prefixes; empty gates every request.
+    prefixes: Arc<[Vec<u8>]>,
+    fold_case: bool,
     settings: GateSettings,
 }
 
@@ -57,18 +72,52 @@ impl Gate {
         Self {
             target,
             prefixes: Arc::from(Vec::new()),
+            fold_case: options.case_insensitive_paths,
             settings: GateSettings {
                 instance_id: coordinator.instance_id().into(),
                 signer: HopSigner::new(options.cluster_secret.as_deref()),
                 retry_after_secs: options.retry_after_secs,
                 forwarder: options.forwarder,
+                upgrades: options.upgrades.into(),
+                trusted_proxies: options.trusted_proxies.into(),
             },
         }
     }
 
-    fn applies(&self, path: &str) -> bool {
-        self.target.is_some()
-            && (self.prefixes.is_empty() || self.prefixes.iter().any(|p| prefix_matches(p, path)))
+    fn set_prefixes<I: IntoIterator<Item = S>, S: Into<String>>(&mut self, prefixes: I) {
+        let mut canonical = Vec::new();
+        for p in prefixes {
+            let p = p.into();
+            match canonical_prefix(&p, self.fold_case) {
+                Ok(c) => canonical.push(c.into_bytes()),
+                // A prefix that cannot be canonicalized would gate nothing:
+                // gate everything instead and say so.
+                Err(e) => {
+                    tracing::warn!(prefix = %p, error = %e, "bad layer prefix; gating every request");
+                    canonical.clear();
+                    break;
+                }
+            }
+        }
+        self.prefixes = canonical.into();
+    }
+
+    /// Whether the request is gated: some reading of its path lies under a
+    /// prefix (see the gateway's canonical matching). `Err` for a path that
+    /// cannot be read safely (400).
+    fn applies(&self, path: &str) -> Result<bool, super::canonical::BadPath> {
+        if self.target.is_none() {
+            return Ok(false);
+        }
+        let readings = super::canonical::readings(path)?;
+        if self.prefixes.is_empty() {
+            return Ok(true);
+        }
+        Ok(readings.iter().any(|r| {
+            self.prefixes
+                .iter()
+                .any(|p| super::canonical::prefix_matches(p, r, self.fold_case))
+        }))
     }
 }
 
@@ -93,13 +142,10 @@ impl RoleHolderLayer {
         }
     }
 
-    /// Only paths under these prefixes (segment boundaries) are gated.
+    /// Only paths under these prefixes (segment boundaries, matched on every
+    /// decoded and normalized reading of the path, as the gateway does) are gated.
     pub fn prefixes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, prefixes: I) -> Self {
-        self.gate.prefixes = prefixes
-            .into_iter()
-            .map(Into::into)
-            .collect::<Vec<_>>()
-            .into();
+        self.gate.set_prefixes(prefixes);
         self
     }
 }
@@ -143,12 +189,9 @@ impl PartitionHolderLayer {
         self
     }
 
+    /// Only paths under these prefixes are gated (see [`RoleHolderLayer::prefixes`]).
     pub fn prefixes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, prefixes: I) -> Self {
-        self.gate.prefixes = prefixes
-            .into_iter()
-            .map(Into::into)
-            .collect::<Vec<_>>()
-            .into();
+        self.gate.set_prefixes(prefixes);
         self
     }
 }
@@ -202,13 +245,22 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let gate = self.gate.clone();
         Box::pin(async move {
+            let applies = match gate.applies(req.uri().path()) {
+                Ok(applies) => applies,
+                Err(e) => {
+                    let p = Problem::new(Reason::BadRequest, e.to_string());
+                    return Ok(gate.settings.reject(p).0);
+                }
+            };
             let target = match &gate.target {
-                Some(target) if gate.applies(req.uri().path()) => target,
+                Some(target) if applies => target,
                 _ => {
                     // Not gated here: remember a verified hop for inner layers,
-                    // then strip, since only rolegate sets X-Rolegate-* for the app.
+                    // then strip, since only rolegate sets X-Rolegate-* for the
+                    // app; an upgrade the gate does not allow (h2c) is removed.
                     gate.settings.take_hop(&mut req);
                     strip_rolegate(req.headers_mut());
+                    strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     return inner.call(req).await;
                 }
             };
@@ -216,6 +268,7 @@ where
             match target.decide(req.uri(), req.headers(), forwarded) {
                 Decision::Local(lease) => {
                     strip_rolegate(req.headers_mut());
+                    strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     req.extensions_mut().insert::<HeldLease>(lease);
                     inner.call(req).await
                 }
@@ -235,4 +288,15 @@ where
             }
         })
     }
+}
+
+/// Removes an `Upgrade` the gate does not allow (and `HTTP2-Settings`), so an
+/// in-process app cannot be switched to a protocol that bypasses the layer.
+fn strip_disallowed_upgrade(headers: &mut http::HeaderMap, allowed: &[String]) {
+    if headers.contains_key(http::header::UPGRADE)
+        && !super::headers::upgrade_allowed(headers, allowed)
+    {
+        headers.remove(http::header::UPGRADE);
+    }
+    headers.remove("http2-settings");
 }

@@ -1,14 +1,17 @@
 //! The proxy: route table and keys, the holder decision, forwarding, header
 //! rules, problem answers and the tower layers.
 
+pub mod canonical;
 pub mod forward;
 pub mod gate;
 pub mod headers;
 pub mod hop;
+pub mod idle;
 pub mod keys;
 pub mod layer;
 pub mod problem;
 pub mod routes;
+pub mod trust;
 
 pub use forward::{ForwardError, Forwarder};
 pub use gate::{Decision, GateSettings, GateTarget, Outcome};

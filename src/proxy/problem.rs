@@ -1,4 +1,5 @@
-//! `application/problem+json` (RFC 9457) answers: 400 for a missing key, 503
+//! `application/problem+json` (RFC 9457) answers: 400 for a bad request or
+//! key, 405 for `CONNECT`, 503
 //! (always with an integer `Retry-After`) when this instance must not serve
 //! and cannot forward, 502/504 when the local upstream fails.
 
@@ -25,8 +26,18 @@ pub enum Reason {
     UpstreamUnreachable,
     /// The local app did not send a response head in time.
     UpstreamTimeout,
-    /// The request itself is unusable (e.g. no leading slash).
+    /// The request itself is unusable (e.g. no leading slash, a control
+    /// byte in the decoded path, two `Host` fields).
     BadRequest,
+    /// The partition key is given twice, or reads differently depending on
+    /// how the app parses the request.
+    BadKey,
+    /// The path reads as two different gated routes.
+    AmbiguousPath,
+    /// The client's request body was malformed or cut off.
+    BadBody,
+    /// `CONNECT` is not proxied.
+    MethodNotAllowed,
 }
 
 impl Reason {
@@ -40,12 +51,21 @@ impl Reason {
             Reason::UpstreamUnreachable => "upstream-unreachable",
             Reason::UpstreamTimeout => "upstream-timeout",
             Reason::BadRequest => "bad-request",
+            Reason::BadKey => "bad-key",
+            Reason::AmbiguousPath => "ambiguous-path",
+            Reason::BadBody => "bad-body",
+            Reason::MethodNotAllowed => "method-not-allowed",
         }
     }
 
     pub fn status(self) -> StatusCode {
         match self {
-            Reason::MissingKey | Reason::BadRequest => StatusCode::BAD_REQUEST,
+            Reason::MissingKey
+            | Reason::BadRequest
+            | Reason::BadKey
+            | Reason::AmbiguousPath
+            | Reason::BadBody => StatusCode::BAD_REQUEST,
+            Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Reason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -62,6 +82,10 @@ impl Reason {
             Reason::UpstreamUnreachable => "Upstream app unreachable",
             Reason::UpstreamTimeout => "Upstream app did not answer in time",
             Reason::BadRequest => "Bad request",
+            Reason::BadKey => "Partition key ambiguous",
+            Reason::AmbiguousPath => "Path ambiguous",
+            Reason::BadBody => "Request body malformed",
+            Reason::MethodNotAllowed => "Method not allowed",
         }
     }
 }
@@ -117,6 +141,12 @@ impl Problem {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
+        if status == StatusCode::METHOD_NOT_ALLOWED {
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
+            );
+        }
         if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut().insert(
                 header::RETRY_AFTER,

@@ -1,9 +1,23 @@
-//! The route table: prefixes matched on path-segment boundaries, longest
-//! first, on the raw path (nothing is percent-decoded, so `..` or `%2F`
-//! tricks cannot move a request between routes).
+//! The route table: canonical prefixes matched on path-segment boundaries,
+//! longest first, against every reading of the request path (see
+//! [`canonical`](super::canonical)): when in doubt, gate.
 
-/// Checks a configured prefix: starts with `/`, no query, no `..` segment.
-pub fn check_prefix(prefix: &str) -> Result<(), String> {
+use super::canonical::{self, BadPath};
+
+/// Why a path gets no route decision (answered 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error(transparent)]
+    BadPath(#[from] BadPath),
+    /// Two readings of the path fall under different routes.
+    #[error("the path reads as more than one gated route once decoded and normalized")]
+    Ambiguous,
+}
+
+/// Checks a configured prefix and returns its canonical form: starts with
+/// `/`, no query, no `.`/`..` segment, no control byte once decoded; trailing
+/// slashes dropped; ASCII case folded when `fold_case`.
+pub fn canonical_prefix(prefix: &str, fold_case: bool) -> Result<String, String> {
     if !prefix.starts_with('/') {
         return Err(format!("prefix `{prefix}` must start with /"));
     }
@@ -14,84 +28,60 @@ pub fn check_prefix(prefix: &str) -> Result<(), String> {
     {
         return Err(format!("prefix `{prefix}` must be a plain path"));
     }
-    if prefix.split('/').any(|s| s == "." || s == "..") {
+    let decoded = canonical::percent_decode(prefix.as_bytes());
+    if decoded
+        .split(|b| *b == b'/' || *b == b'\\')
+        .any(|s| s == b"." || s == b"..")
+    {
         return Err(format!(
             "prefix `{prefix}` must not contain . or .. segments"
         ));
     }
-    Ok(())
-}
-
-/// Drops a trailing `/` (except for `/` itself): `/a/` and `/a` are one prefix.
-pub fn normalize_prefix(prefix: &str) -> String {
-    let trimmed = prefix.trim_end_matches('/');
-    if trimmed.is_empty() {
-        "/".into()
-    } else {
-        trimmed.into()
+    if decoded.contains(&b';') {
+        return Err(format!(
+            "prefix `{prefix}` must not contain `;` (path parameters are ignored when matching)"
+        ));
     }
-}
-
-/// Whether `path` is under `prefix` on a segment boundary.
-pub fn prefix_matches(prefix: &str, path: &str) -> bool {
-    if prefix == "/" {
-        return path.starts_with('/');
-    }
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn segment_boundaries() {
-        assert!(prefix_matches("/orders", "/orders"));
-        assert!(prefix_matches("/orders", "/orders/7"));
-        assert!(!prefix_matches("/orders", "/ordersx"));
-        assert!(!prefix_matches("/orders", "/order"));
-        assert!(prefix_matches("/", "/anything"));
-        assert!(!prefix_matches("/a/b", "/a/%62"));
-    }
-
-    #[test]
-    fn prefixes_are_checked_and_normalized() {
-        assert!(check_prefix("/a").is_ok());
-        assert!(check_prefix("a").is_err());
-        assert!(check_prefix("/a/../b").is_err());
-        assert!(check_prefix("/a?x").is_err());
-        assert_eq!(normalize_prefix("/a/"), "/a");
-        assert_eq!(normalize_prefix("/"), "/");
-    }
+    let canon = canonical::canonical(prefix, fold_case)
+        .map_err(|e| format!("prefix `{prefix}`: {e}"))?;
+    String::from_utf8(canon)
+        .map_err(|_| format!("prefix `{prefix}` is not UTF-8 once percent-decoded"))
 }
 
 /// Prefix table: the longest matching prefix wins.
 #[derive(Debug, Clone)]
 pub struct RouteTable<T> {
-    /// (prefix, index into targets), longest prefix first.
-    entries: Vec<(String, usize)>,
+    /// (canonical prefix, index into targets), longest prefix first.
+    entries: Vec<(Vec<u8>, usize)>,
     targets: Vec<T>,
+    fold_case: bool,
 }
 
 impl<T> Default for RouteTable<T> {
     fn default() -> Self {
-        Self {
-            entries: Vec::new(),
-            targets: Vec::new(),
-        }
+        Self::new(true)
     }
 }
 
 impl<T> RouteTable<T> {
-    /// Adds a target reachable under each of `prefixes`.
+    /// An empty table; `fold_case` ignores ASCII case when matching.
+    pub fn new(fold_case: bool) -> Self {
+        Self {
+            entries: Vec::new(),
+            targets: Vec::new(),
+            fold_case,
+        }
+    }
+
+    /// Adds a target reachable under each of `prefixes` (canonicalized here;
+    /// a prefix that cannot be is skipped: the config loader refuses those).
     pub fn add(&mut self, prefixes: &[String], target: T) {
         let idx = self.targets.len();
         self.targets.push(target);
         for p in prefixes {
-            self.entries.push((normalize_prefix(p), idx));
+            if let Ok(c) = canonical_prefix(p, self.fold_case) {
+                self.entries.push((c.into_bytes(), idx));
+            }
         }
         self.entries
             .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
@@ -101,31 +91,98 @@ impl<T> RouteTable<T> {
         self.targets.is_empty()
     }
 
-    /// The target whose prefix is the longest match of the raw `path`.
-    pub fn find(&self, path: &str) -> Option<&T> {
+    fn longest(&self, reading: &[u8]) -> Option<usize> {
         self.entries
             .iter()
-            .find(|(prefix, _)| prefix_matches(prefix, path))
-            .map(|(_, i)| &self.targets[*i])
+            .find(|(prefix, _)| canonical::prefix_matches(prefix, reading, self.fold_case))
+            .map(|(_, i)| *i)
+    }
+
+    /// The target of the longest prefix under which some reading of `path`
+    /// falls; `Ambiguous` when readings fall under different targets.
+    pub fn find(&self, path: &str) -> Result<Option<&T>, RouteError> {
+        let mut found: Option<usize> = None;
+        for reading in canonical::readings(path)? {
+            if let Some(i) = self.longest(&reading) {
+                match found {
+                    Some(j) if j != i => return Err(RouteError::Ambiguous),
+                    _ => found = Some(i),
+                }
+            }
+        }
+        Ok(found.map(|i| &self.targets[i]))
     }
 }
 
 #[cfg(test)]
-mod table_tests {
+mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_are_checked_and_canonicalized() {
+        assert_eq!(canonical_prefix("/a", true).unwrap(), "/a");
+        assert_eq!(canonical_prefix("/A/", true).unwrap(), "/a");
+        assert_eq!(canonical_prefix("/A/", false).unwrap(), "/A");
+        assert_eq!(canonical_prefix("//a//b", true).unwrap(), "/a/b");
+        assert_eq!(canonical_prefix("/%61", true).unwrap(), "/a");
+        assert_eq!(canonical_prefix("/", true).unwrap(), "/");
+        assert!(canonical_prefix("a", true).is_err());
+        assert!(canonical_prefix("/a/../b", true).is_err());
+        assert!(canonical_prefix("/a/%2e%2e/b", true).is_err());
+        assert!(canonical_prefix("/a?x", true).is_err());
+        assert!(canonical_prefix("/a;b", true).is_err());
+        assert!(canonical_prefix("/a%00", true).is_err());
+    }
 
     #[test]
     fn longest_prefix_wins_on_segment_boundaries() {
         let mut t = RouteTable::default();
         t.add(&["/a".into()], "a");
         t.add(&["/a/b".into(), "/c/".into()], "ab");
-        assert_eq!(t.find("/a/x"), Some(&"a"));
-        assert_eq!(t.find("/a/b"), Some(&"ab"));
-        assert_eq!(t.find("/a/b/c"), Some(&"ab"));
-        assert_eq!(t.find("/a/bc"), Some(&"a"));
-        assert_eq!(t.find("/c"), Some(&"ab"));
-        assert_eq!(t.find("/ab"), None);
-        assert_eq!(t.find("/a/%2e%2e/x"), Some(&"a"), "nothing is decoded");
-        assert_eq!(t.find("/x/../a/b"), None, "dot segments are not resolved");
+        assert_eq!(t.find("/a/x"), Ok(Some(&"a")));
+        assert_eq!(t.find("/a/b"), Ok(Some(&"ab")));
+        assert_eq!(t.find("/a/b/c"), Ok(Some(&"ab")));
+        assert_eq!(t.find("/a/bc"), Ok(Some(&"a")));
+        assert_eq!(t.find("/c"), Ok(Some(&"ab")));
+        assert_eq!(t.find("/ab"), Ok(None));
+        assert_eq!(t.find("/x"), Ok(None));
+    }
+
+    #[test]
+    fn every_encoding_of_a_gated_path_is_gated() {
+        let mut t = RouteTable::default();
+        t.add(&["/maintenance".into()], "m");
+        for p in [
+            "/maintenance/x",
+            "/%6daintenance/x",
+            "/maintenance%2Fx",
+            "//maintenance/x",
+            "/MAINTENANCE/x",
+            "/x/../maintenance/x",
+            "/x/%2e%2e/maintenance",
+            "/x/..%2Fmaintenance",
+            "/x\\..\\maintenance",
+            "/maintenance;v=1/x",
+            "/x/..;/maintenance",
+            "/./maintenance",
+            "/maintenance/../x",
+        ] {
+            assert_eq!(t.find(p), Ok(Some(&"m")), "{p}");
+        }
+        assert_eq!(t.find("/maintenancex"), Ok(None));
+        assert_eq!(t.find("/%256daintenance"), Ok(None), "decoded once");
+        assert_eq!(t.find("/maintenance%00"), Err(RouteError::BadPath(BadPath::ControlByte)));
+    }
+
+    #[test]
+    fn readings_under_different_routes_are_ambiguous() {
+        let mut t = RouteTable::default();
+        t.add(&["/a".into()], "a");
+        t.add(&["/a/b".into()], "ab");
+        assert_eq!(t.find("/a/b/../c"), Err(RouteError::Ambiguous));
+        let mut case = RouteTable::new(false);
+        case.add(&["/A".into()], "A");
+        assert_eq!(case.find("/a"), Ok(None));
+        assert_eq!(case.find("/%41"), Ok(Some(&"A")));
     }
 }

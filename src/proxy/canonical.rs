@@ -1,0 +1,288 @@
+//! The canonical form of a request path, for gating only (the request is
+//! forwarded with its path exactly as received).
+//!
+//! The app behind the gateway decodes and normalizes a path before its router
+//! sees it, and frameworks differ in how. So the gateway asks "could *any*
+//! common reading of this path fall under a gated prefix?" and gates when one
+//! does. A reading is the raw path put through some of these steps, in this
+//! order: percent-decode once (every `%XX`, `%2F` and `%5C` included), read `\`
+//! as `/`, drop each segment's `;parameters`, merge repeated slashes, remove
+//! dot segments (RFC 3986 5.2.4). The *canonical* form applies them all; ASCII
+//! case is folded in every reading unless paths are case-sensitive.
+
+use std::borrow::Cow;
+
+/// Why a path cannot be gated safely (answered 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadPath {
+    /// The target is not a path (authority-form, `*`, empty).
+    #[error("the request target must be a path starting with /")]
+    NotAPath,
+    /// A decoded byte is NUL or another control character.
+    #[error("the path contains a control character once percent-decoded")]
+    ControlByte,
+}
+
+/// One normalization step a framework may or may not apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Steps {
+    pub decode: bool,
+    pub backslash: bool,
+    pub params: bool,
+    pub merge: bool,
+    pub dots: bool,
+}
+
+impl Steps {
+    /// Every step: the canonical form.
+    pub const ALL: Steps = Steps {
+        decode: true,
+        backslash: true,
+        params: true,
+        merge: true,
+        dots: true,
+    };
+
+    /// All 32 combinations, the canonical form first.
+    pub fn every() -> impl Iterator<Item = Steps> {
+        (0u8..32).map(|bits| {
+            let on = |b: u8| bits & b == 0;
+            Steps {
+                decode: on(1),
+                backslash: on(2),
+                params: on(4),
+                merge: on(8),
+                dots: on(16),
+            }
+        })
+    }
+}
+
+/// The value of one hex digit.
+fn hex(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Percent-decodes once; a `%` not followed by two hex digits stays as is.
+pub fn percent_decode(raw: &[u8]) -> Cow<'_, [u8]> {
+    if !raw.contains(&b'%') {
+        return Cow::Borrowed(raw);
+    }
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' && i + 2 < raw.len() {
+            if let (Some(h), Some(l)) = (hex(raw[i + 1]), hex(raw[i + 2])) {
+                out.push(h << 4 | l);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(raw[i]);
+        i += 1;
+    }
+    Cow::Owned(out)
+}
+
+/// Whether a path needs more than one reading: it holds a byte or a shape that
+/// some step would change. Plain paths (the common case) skip all the work.
+pub fn is_plain(path: &[u8]) -> bool {
+    if path.first() != Some(&b'/') {
+        return false;
+    }
+    if path
+        .iter()
+        .any(|b| matches!(b, b'%' | b'\\' | b';') || b.is_ascii_control())
+    {
+        return false;
+    }
+    if path.windows(2).any(|w| w == b"//") {
+        return false;
+    }
+    !path[1..]
+        .split(|b| *b == b'/')
+        .any(|s| s == b"." || s == b"..")
+}
+
+/// One reading of `path` (which starts with `/`): segments after the chosen
+/// steps, joined by `/`, no trailing slash (except `/` itself).
+pub fn reading(path: &[u8], steps: Steps) -> Result<Vec<u8>, BadPath> {
+    let decoded = if steps.decode {
+        percent_decode(path)
+    } else {
+        Cow::Borrowed(path)
+    };
+    if decoded.iter().any(|b| b.is_ascii_control()) {
+        return Err(BadPath::ControlByte);
+    }
+    let mut segments: Vec<&[u8]> = Vec::new();
+    let split = |b: &u8| *b == b'/' || (steps.backslash && *b == b'\\');
+    // The first byte is a separator, so the first piece is always empty.
+    for seg in decoded.split(split).skip(1) {
+        let seg = if steps.params {
+            seg.split(|b| *b == b';').next().unwrap_or_default()
+        } else {
+            seg
+        };
+        if steps.merge && seg.is_empty() {
+            continue;
+        }
+        if steps.dots && seg == b"." {
+            continue;
+        }
+        if steps.dots && seg == b".." {
+            segments.pop();
+            continue;
+        }
+        segments.push(seg);
+    }
+    // A trailing empty segment is a trailing slash: it never changes a match.
+    while segments.last().is_some_and(|s| s.is_empty()) {
+        segments.pop();
+    }
+    let mut out = Vec::with_capacity(decoded.len() + 1);
+    for s in &segments {
+        out.push(b'/');
+        out.extend_from_slice(s);
+    }
+    if out.is_empty() {
+        out.push(b'/');
+    }
+    Ok(out)
+}
+
+/// The canonical form of a path (every step), case folded when asked.
+pub fn canonical(path: &str, fold_case: bool) -> Result<Vec<u8>, BadPath> {
+    if !path.starts_with('/') {
+        return Err(BadPath::NotAPath);
+    }
+    let mut out = reading(path.as_bytes(), Steps::ALL)?;
+    if fold_case {
+        out.make_ascii_lowercase();
+    }
+    Ok(out)
+}
+
+/// Every distinct reading of a path, for matching. A plain path has one.
+pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
+    if !path.starts_with('/') {
+        return Err(BadPath::NotAPath);
+    }
+    let bytes = path.as_bytes();
+    let mut out: Vec<Vec<u8>> = Vec::with_capacity(4);
+    if is_plain(bytes) {
+        out.push(reading(bytes, Steps::ALL)?);
+        return Ok(out);
+    }
+    for steps in Steps::every() {
+        let r = reading(bytes, steps)?;
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `path` is under `prefix` (canonical, no trailing slash) on a
+/// segment boundary; with `fold_case`, ASCII case is ignored.
+pub fn prefix_matches(prefix: &[u8], path: &[u8], fold_case: bool) -> bool {
+    if prefix == b"/" {
+        return path.first() == Some(&b'/');
+    }
+    if path.len() < prefix.len() {
+        return false;
+    }
+    let (head, rest) = path.split_at(prefix.len());
+    let same = if fold_case {
+        head.eq_ignore_ascii_case(prefix)
+    } else {
+        head == prefix
+    };
+    same && (rest.is_empty() || rest[0] == b'/')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(p: &str) -> String {
+        String::from_utf8(canonical(p, true).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn canonical_form_applies_every_step_once() {
+        assert_eq!(canon("/%6daintenance/x"), "/maintenance/x");
+        assert_eq!(canon("/maintenance%2Fx"), "/maintenance/x");
+        assert_eq!(canon("//maintenance/x"), "/maintenance/x");
+        assert_eq!(canon("/a\\b"), "/a/b");
+        assert_eq!(canon("/a%5Cb"), "/a/b");
+        assert_eq!(canon("/a;jsessionid=1/b"), "/a/b");
+        assert_eq!(canon("/x/..;/maintenance"), "/maintenance");
+        assert_eq!(canon("/x/%2e%2e/maintenance"), "/maintenance");
+        assert_eq!(canon("/./a/./b/"), "/a/b");
+        assert_eq!(canon("/../../a"), "/a");
+        assert_eq!(canon("/MAINTENANCE"), "/maintenance");
+        assert_eq!(canon("/"), "/");
+        assert_eq!(canon("/%256d"), "/%6d", "decoded once, not twice");
+        assert_eq!(canon("/100%"), "/100%", "a lone % stays");
+        assert_eq!(canon("/a%zz"), "/a%zz");
+        assert_eq!(
+            String::from_utf8(canonical("/A/B", false).unwrap()).unwrap(),
+            "/A/B"
+        );
+    }
+
+    #[test]
+    fn control_bytes_and_non_paths_are_refused() {
+        assert_eq!(canonical("/a%00b", true), Err(BadPath::ControlByte));
+        assert_eq!(canonical("/a%0d%0ab", true), Err(BadPath::ControlByte));
+        assert_eq!(canonical("/a%7f", true), Err(BadPath::ControlByte));
+        assert_eq!(canonical("*", true), Err(BadPath::NotAPath));
+        assert_eq!(canonical("", true), Err(BadPath::NotAPath));
+        assert!(canonical("/caf%C3%A9", true).is_ok(), "UTF-8 is fine");
+        assert!(canonical("/%ff", true).is_ok(), "matching is byte-wise");
+    }
+
+    #[test]
+    fn plain_paths_have_one_reading() {
+        assert!(is_plain(b"/a/b/c"));
+        assert!(is_plain(b"/a/b/"));
+        assert!(is_plain(b"/"));
+        assert!(!is_plain(b"//a"));
+        assert!(!is_plain(b"/a//b"));
+        assert!(!is_plain(b"/a/./b"));
+        assert!(!is_plain(b"/a/.."));
+        assert!(!is_plain(b"/a%2fb"));
+        assert!(!is_plain(b"/a;b"));
+        assert!(!is_plain(b"/a\\b"));
+        assert_eq!(readings("/a/b").unwrap().len(), 1);
+    }
+
+    #[test]
+    fn readings_keep_what_some_framework_sees() {
+        let r: Vec<String> = readings("/a//../b")
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8(r).unwrap())
+            .collect();
+        assert!(r.contains(&"/b".to_string()), "{r:?}");
+        assert!(r.contains(&"/a/b".to_string()), "dots without merging: {r:?}");
+        assert!(r.contains(&"/a/../b".to_string()), "dots kept: {r:?}");
+    }
+
+    #[test]
+    fn prefixes_match_on_segment_boundaries() {
+        assert!(prefix_matches(b"/orders", b"/orders", true));
+        assert!(prefix_matches(b"/orders", b"/orders/7", true));
+        assert!(prefix_matches(b"/orders", b"/ORDERS/7", true));
+        assert!(!prefix_matches(b"/orders", b"/ORDERS/7", false));
+        assert!(!prefix_matches(b"/orders", b"/ordersx", true));
+        assert!(!prefix_matches(b"/orders", b"/order", true));
+        assert!(prefix_matches(b"/", b"/anything", true));
+    }
+}
