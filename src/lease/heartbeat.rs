@@ -176,6 +176,8 @@ impl HeartbeatLoop {
         }
     }
 
+    /// Readiness counts from the snapshot read, which each tick sends before
+    /// its claim: readiness therefore ends no later than any grant of the tick.
     fn store_answered(&mut self, t_sent: Instant) {
         if self.last_ok_sent.is_none_or(|t| t < t_sent) {
             self.last_ok_sent = Some(t_sent);
@@ -304,7 +306,6 @@ impl HeartbeatLoop {
             Err(_) => return self.store_failed_msg("claim", "timed out"),
         };
         self.store_ok = true;
-        self.store_answered(t_sent);
         let granted: HashMap<&str, u64> =
             grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
         let mut tally = OpTally::default();
