@@ -327,6 +327,8 @@ pub struct ClusterSpec {
     pub upstream_yaml: String,
     /// Whether `start` waits for `/readyz` (else only for `/healthz`).
     pub wait_ready: bool,
+    /// Arguments to the shell's `ulimit` before the gateway starts (`-S -n 256`).
+    pub ulimit: Option<String>,
 }
 
 impl ClusterSpec {
@@ -344,6 +346,7 @@ impl ClusterSpec {
             proxy_yaml: String::new(),
             upstream_yaml: String::new(),
             wait_ready: true,
+            ulimit: None,
         }
     }
 
@@ -367,6 +370,7 @@ impl ClusterSpec {
             proxy_yaml: String::new(),
             upstream_yaml: String::new(),
             wait_ready: true,
+            ulimit: None,
         }
     }
 
@@ -440,18 +444,64 @@ impl GatewayProcess {
         admin_port: u16,
         advertise: &str,
     ) -> GatewayProcess {
+        Self::start_configured(n, spec, app_port, port, admin_port, advertise, ROUTES_YAML).await
+    }
+
+    /// Starts `rolegate run` in front of whatever app listens on `app_port`
+    /// (not necessarily a [`TestApp`]), with `routes_yaml` (the `roles`,
+    /// `partitions` and `routes` sections) in place of [`ROUTES_YAML`].
+    pub async fn start_for_upstream(
+        n: usize,
+        spec: &ClusterSpec,
+        app_port: u16,
+        routes_yaml: &str,
+    ) -> GatewayProcess {
+        let port = super::free_port();
+        let admin_port = super::free_port();
+        Self::start_configured(n, spec, app_port, port, admin_port, "null", routes_yaml).await
+    }
+
+    async fn start_configured(
+        n: usize,
+        spec: &ClusterSpec,
+        app_port: u16,
+        port: u16,
+        admin_port: u16,
+        advertise: &str,
+        routes_yaml: &str,
+    ) -> GatewayProcess {
         let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
+        // Test defaults for the proxy section, unless the spec sets them.
+        let mut proxy_defaults = String::new();
+        for (key, value) in [("connect_timeout", "500ms"), ("response_header_timeout", "5s")] {
+            if !spec.proxy_yaml.contains(key) {
+                proxy_defaults.push_str(&format!("  {key}: {value}\n"));
+            }
+        }
         let config = format!(
-            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}{}proxy:\n  connect_timeout: 500ms\n  response_header_timeout: 5s\n{}",
-            spec.upstream_yaml, spec.store_yaml, spec.lease_yaml, ROUTES_YAML, spec.extra_yaml, spec.proxy_yaml
+            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}{}proxy:\n{proxy_defaults}{}",
+            spec.upstream_yaml, spec.store_yaml, spec.lease_yaml, routes_yaml, spec.extra_yaml, spec.proxy_yaml
         );
         let path = dir.join("rolegate.yaml");
         std::fs::write(&path, config).unwrap();
         let log = std::fs::File::create(dir.join("gateway.log")).unwrap();
-        let child = Command::new(bin())
-            .args(["run", "--config"])
-            .arg(&path)
+        let mut command = match &spec.ulimit {
+            None => {
+                let mut c = Command::new(bin());
+                c.args(["run", "--config"]).arg(&path);
+                c
+            }
+            Some(limits) => {
+                let mut c = Command::new("sh");
+                c.arg("-c")
+                    .arg(format!("ulimit {limits} && exec \"$0\" run --config \"$1\""))
+                    .arg(bin())
+                    .arg(&path);
+                c
+            }
+        };
+        let child = command
             .env("RUST_LOG", "rolegate=debug")
             .stdout(Stdio::null())
             .stderr(log)
