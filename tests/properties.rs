@@ -1,0 +1,219 @@
+//! Properties of the gate's pure rules, checked on many generated inputs
+//! (the fuzz targets in `fuzz/` push the same rules further, outside CI):
+//! every encoding of a gated path is gated or refused, every encoding of a
+//! key is the same key, and header preparation never lets a client-sent
+//! rolegate field or look-alike through.
+
+use axum::body::Body;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
+use proptest::prelude::*;
+use rolegate::proxy::forward::{prepare_headers, HopContext};
+use rolegate::proxy::routes::{RouteError, RouteTable};
+use rolegate::proxy::KeyExtractor;
+
+#[derive(Debug, Clone)]
+enum Disguise {
+    /// Percent-encode the byte at this position (as a fraction of the length).
+    Encode(u8),
+    /// Upper-case the letter at this position.
+    Upper(u8),
+    /// Double a slash.
+    DoubleSlash(u8),
+    /// `/x/..` before a segment.
+    DotDot(u8),
+    /// `/.` before a segment.
+    Dot(u8),
+    /// `;p=1` after a segment.
+    Param(u8),
+    /// A slash becomes `\`, `%2F` or `%5C`.
+    Slash(u8, u8),
+}
+
+fn disguise() -> impl Strategy<Value = Disguise> {
+    prop_oneof![
+        any::<u8>().prop_map(Disguise::Encode),
+        any::<u8>().prop_map(Disguise::Upper),
+        any::<u8>().prop_map(Disguise::DoubleSlash),
+        any::<u8>().prop_map(Disguise::DotDot),
+        any::<u8>().prop_map(Disguise::Dot),
+        any::<u8>().prop_map(Disguise::Param),
+        (any::<u8>(), 0u8..3).prop_map(|(a, b)| Disguise::Slash(a, b)),
+    ]
+}
+
+fn at(len: usize, f: u8) -> usize {
+    if len == 0 {
+        0
+    } else {
+        f as usize * len / 256
+    }
+}
+
+/// Applies one disguise that a decoding, normalizing app router undoes.
+fn apply(path: &str, d: &Disguise) -> String {
+    let slashes: Vec<usize> = path.match_indices('/').map(|(i, _)| i).collect();
+    let pick = |f: u8| slashes[at(slashes.len(), f)];
+    match d {
+        Disguise::Encode(f) => {
+            // Only plain bytes are encoded, never part of an existing escape
+            // (that would be double encoding, which one decoding does not undo).
+            let b = path.as_bytes();
+            let in_escape = |i: usize| (i >= 1 && b[i - 1] == b'%') || (i >= 2 && b[i - 2] == b'%');
+            let plain: Vec<usize> = path
+                .char_indices()
+                .filter(|(i, c)| {
+                    (c.is_ascii_alphanumeric() || *c == '/' || *c == '-') && !in_escape(*i)
+                })
+                .map(|(i, _)| i)
+                .collect();
+            if plain.is_empty() {
+                return path.into();
+            }
+            let i = plain[at(plain.len(), *f)];
+            if i == 0 {
+                return path.into();
+            }
+            format!("{}%{:02X}{}", &path[..i], path.as_bytes()[i], &path[i + 1..])
+        }
+        Disguise::Upper(f) => {
+            let mut b = path.as_bytes().to_vec();
+            let i = at(b.len(), *f);
+            b[i] = b[i].to_ascii_uppercase();
+            String::from_utf8(b).unwrap()
+        }
+        Disguise::DoubleSlash(f) => {
+            let i = pick(*f);
+            format!("{}/{}", &path[..i], &path[i..])
+        }
+        Disguise::DotDot(f) => {
+            let i = pick(*f);
+            format!("{}/zq/..{}", &path[..i], &path[i..])
+        }
+        Disguise::Dot(f) => {
+            let i = pick(*f);
+            format!("{}/.{}", &path[..i], &path[i..])
+        }
+        Disguise::Param(f) => {
+            let i = pick(*f);
+            if i == 0 {
+                return path.into();
+            }
+            format!("{};p=1{}", &path[..i], &path[i..])
+        }
+        Disguise::Slash(f, kind) => {
+            let i = pick(*f);
+            if i == 0 {
+                return path.into();
+            }
+            let with = ["\\", "%2F", "%5C"][*kind as usize];
+            format!("{}{with}{}", &path[..i], &path[i + 1..])
+        }
+    }
+}
+
+fn table() -> RouteTable<&'static str> {
+    let mut t = RouteTable::new(true);
+    t.add(&["/maintenance".into()], "maintenance");
+    t.add(&["/orders".into()], "orders");
+    t
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn any_disguise_of_a_gated_path_is_gated_or_refused(
+        rest in proptest::collection::vec("[a-z0-9-]{1,6}", 0..4),
+        disguises in proptest::collection::vec(disguise(), 0..5),
+    ) {
+        let mut path = String::from("/maintenance");
+        for seg in &rest {
+            path.push('/');
+            path.push_str(seg);
+        }
+        let plain = path.clone();
+        for d in &disguises {
+            path = apply(&path, d);
+        }
+        match table().find(&path) {
+            Ok(Some(t)) => prop_assert_eq!(*t, "maintenance", "{} (from {})", path, plain),
+            Err(RouteError::Ambiguous) => {}
+            other => prop_assert!(false, "{path} (from {plain}) -> {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_encoding_of_a_key_is_the_same_key(
+        key in "[A-Za-z0-9 ._~:é-]{1,12}",
+        encode in proptest::collection::vec(any::<bool>(), 12..40),
+        plus in any::<bool>(),
+    ) {
+        prop_assume!(key != "." && key != "..");
+        let mut enc_path = String::new();
+        let mut enc_query = String::new();
+        for (i, b) in key.bytes().enumerate() {
+            let must = !b.is_ascii_alphanumeric() && !matches!(b, b'-' | b'.' | b'_' | b'~');
+            if must || encode[i % encode.len()] {
+                enc_path.push_str(&format!("%{b:02X}"));
+                if b == b' ' && plus {
+                    enc_query.push('+');
+                } else {
+                    enc_query.push_str(&format!("%{b:02X}"));
+                }
+            } else {
+                enc_path.push(b as char);
+                enc_query.push(b as char);
+            }
+        }
+        let h = HeaderMap::new();
+        let seg: Uri = format!("/orders/{enc_path}").parse().unwrap();
+        prop_assert_eq!(KeyExtractor::PathSegmentLast.extract(&seg, &h).unwrap(), key.as_str());
+        prop_assert_eq!(KeyExtractor::PathSegment(2).extract(&seg, &h).unwrap(), key.as_str());
+        let q: Uri = format!("/d?%69d={enc_query}&x=1").parse().unwrap();
+        prop_assert_eq!(KeyExtractor::query("id").extract(&q, &h).unwrap(), key.as_str());
+    }
+
+    #[test]
+    fn header_preparation_never_passes_a_client_rolegate_field_or_look_alike(
+        names in proptest::collection::vec(
+            prop_oneof![
+                "(x|X)(-|_)(rolegate|Rolegate|ROLEGATE)(-|_)(role|token|hop|x)",
+                "(x|X)(-|_)(forwarded|Forwarded)(-|_)(for|proto|host)",
+                "(forwarded|Forwarded|x_real_ip|X-Real-IP)",
+                "[a-z][a-z_-]{0,10}",
+            ],
+            0..8,
+        ),
+        trusted in any::<bool>(),
+        to_peer in any::<bool>(),
+    ) {
+        let mut req = Request::new(Body::empty());
+        for n in &names {
+            if let Ok(name) = HeaderName::from_bytes(n.as_bytes()) {
+                req.headers_mut().append(name, HeaderValue::from_static("v"));
+            }
+        }
+        let upgrades = vec!["websocket".to_string()];
+        prepare_headers(&mut req, HopContext {
+            client: Some("10.1.2.3:4000".parse().unwrap()),
+            by: "gw-1",
+            trusted,
+            upgrades: &upgrades,
+            to_peer,
+        });
+        for name in req.headers().keys() {
+            let dashed = name.as_str().replace('_', "-");
+            prop_assert!(!dashed.starts_with("x-rolegate-"), "{} passed", name);
+            if name.as_str().contains('_') {
+                prop_assert!(
+                    !(dashed.starts_with("x-forwarded-") || dashed == "forwarded" || dashed == "x-real-ip"),
+                    "{} passed", name
+                );
+            }
+        }
+        if !trusted {
+            prop_assert_eq!(req.headers()["x-forwarded-for"].to_str().unwrap(), "10.1.2.3");
+            prop_assert!(!req.headers().contains_key("x-real-ip"));
+        }
+    }
+}
