@@ -1403,4 +1403,65 @@ mod tests {
         assert!(y.contains("<redacted>"), "{y}");
         assert!(!y.contains("0123456789abcdef"), "{y}");
     }
+
+    #[test]
+    fn proxy_hardening_keys_parse_with_defaults() {
+        let c = parse("").unwrap();
+        assert_eq!(c.proxy.idle_timeout, Duration::from_secs(300));
+        assert!(c.proxy.case_insensitive_paths);
+        assert_eq!(c.proxy.upgrades, vec!["websocket".to_string()]);
+        assert!(c.proxy.trusted_proxies.is_empty());
+        assert_eq!(c.proxy.max_connections, 10_000);
+        let c = parse(
+            "proxy:\n  idle_timeout: 2s\n  case_insensitive_paths: false\n  upgrades: [WebSocket, foo]\n  trusted_proxies: [10.0.0.0/8, ::1]\n  max_connections: 5\n",
+        )
+        .unwrap();
+        assert_eq!(c.proxy.idle_timeout, Duration::from_secs(2));
+        assert!(!c.proxy.case_insensitive_paths);
+        assert_eq!(c.proxy.upgrades, vec!["websocket".to_string(), "foo".to_string()]);
+        assert_eq!(c.proxy.trusted_proxies.len(), 2);
+        assert_eq!(c.proxy.max_connections, 5);
+        assert!(c.to_yaml().contains("10.0.0.0/8"));
+    }
+
+    #[test]
+    fn unsafe_or_bad_proxy_values_are_refused_with_their_key() {
+        let e = refused("proxy:\n  upgrades: [websocket, h2c]\n");
+        assert_eq!(e.key, "proxy.upgrades[1]");
+        assert!(e.message.contains("h2c"), "{e}");
+        let e = refused("proxy:\n  trusted_proxies: [10.0.0.0/99]\n");
+        assert_eq!(e.key, "proxy.trusted_proxies[0]");
+        let e = refused("proxy:\n  max_connections: 0\n");
+        assert_eq!(e.key, "proxy.max_connections");
+        let e = refused("proxy:\n  idle_timeout: 0s\n");
+        assert_eq!(e.key, "proxy.idle_timeout");
+    }
+
+    #[test]
+    fn prefixes_colliding_once_canonicalized_are_refused() {
+        let e = refused(
+            "roles:\n  - name: a\n  - name: b\nroutes:\n  - prefixes: [/Maintenance]\n    role: a\n  - prefixes: [//maintenance/]\n    role: b\n",
+        );
+        assert_eq!(e.key, "routes[1].prefixes[0]");
+        assert!(e.message.contains("/maintenance"), "{e}");
+        let ok = parse(
+            "proxy:\n  case_insensitive_paths: false\nroles:\n  - name: a\n  - name: b\nroutes:\n  - prefixes: [/Maintenance]\n    role: a\n  - prefixes: [/maintenance]\n    role: b\n",
+        );
+        assert!(ok.is_ok(), "case-sensitive prefixes do not collide");
+        let e = refused("roles:\n  - name: a\nroutes:\n  - prefixes: [/a;b]\n    role: a\n");
+        assert_eq!(e.key, "routes[0].prefixes[0]");
+    }
+
+    #[test]
+    fn url_secrets_are_redacted_when_printed() {
+        let c = parse(
+            "store:\n  kind: postgres\n  url: postgres://app:hunter2@db/app?password=hunter3&sslmode=require\nupstream:\n  url: http://u:hunter4@127.0.0.1:3000\n",
+        )
+        .unwrap();
+        let y = c.to_yaml();
+        for secret in ["hunter2", "hunter3", "hunter4"] {
+            assert!(!y.contains(secret), "{secret} in {y}");
+        }
+        assert!(y.contains("sslmode=require"), "{y}");
+    }
 }

@@ -55,6 +55,21 @@ fn the_example_config_passes_check_config() {
 }
 
 #[test]
+fn check_config_never_prints_a_secret_from_a_url() {
+    let p = temp_config(
+        "redact",
+        "store:\n  kind: postgres\n  url: postgres://app:pw-in-userinfo@db:5432/app?sslmode=require&password=pw-in-query\nupstream:\n  url: http://127.0.0.1:3000\nproxy:\n  cluster_secret: a-cluster-secret-0123456789\n",
+    );
+    let o = rolegate(&["check-config", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o) + &stderr(&o);
+    for secret in ["pw-in-userinfo", "pw-in-query", "a-cluster-secret"] {
+        assert!(!out.contains(secret), "`{secret}` printed:\n{out}");
+    }
+    assert!(out.contains("sslmode=require") && out.contains("<redacted>"), "{out}");
+}
+
+#[test]
 fn a_bad_config_is_refused_with_file_line_and_key_and_exit_2() {
     let p = temp_config(
         "bad",
