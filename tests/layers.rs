@@ -45,16 +45,19 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
             let lease = lease
                 .map(|Extension(l)| format!(" {} {}", l.role, l.token))
                 .unwrap_or_default();
-            let leaked = headers
-                .keys()
-                .any(|k| k.as_str().starts_with("x-rolegate-"));
+            let leaked = headers.keys().any(|k| {
+                k.as_str().replace('_', "-").starts_with("x-rolegate-")
+                    || k.as_str() == "upgrade"
+                    || k.as_str() == "http2-settings"
+            });
             format!("{who}{lease}{}", if leaked { " leaked" } else { "" })
         }
     };
     let routes = Router::new()
         .route("/reports/run", get(handler.clone()))
         .route("/accounts/{id}", get(handler.clone()))
-        .route("/other", get(handler));
+        .route("/other", get(handler.clone()))
+        .fallback(handler);
     let options = LayerOptions::new().unwrap();
     let gated = ServiceBuilder::new()
         .layer(
@@ -160,6 +163,72 @@ async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
         .await
         .unwrap();
     assert!(body.starts_with(b"b reports "), "{body:?}");
+    b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_gate_every_encoding_of_a_prefix_and_key_like_the_gateway() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let (a, _pa) = app(store.clone(), "a").await;
+    support::wait_for("a holds reports", Duration::from_secs(3), || {
+        a.role("reports").unwrap().is_held()
+    })
+    .await;
+    let (b, pb) = app(store.clone(), "b").await;
+    support::wait_for("b knows the holder", Duration::from_secs(3), || {
+        b.role("reports").unwrap().current_holder().is_some()
+    })
+    .await;
+    let token = a.role("reports").unwrap().guard().unwrap().token;
+    // axum's router would not match these itself; the layer gates them, so
+    // they run at the holder (its fallback handler), never on b.
+    for path in [
+        "/%72eports/run",
+        "/REPORTS/run",
+        "//reports/run",
+        "/x/../reports/run",
+        "/reports%2Frun",
+        "/reports;v=1/run",
+    ] {
+        let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}{path}"))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(body, format!("a reports {token}"), "{path}");
+    }
+    let (status, _, _) = cluster::get(&format!("http://127.0.0.1:{pb}/reports%00/run"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // One key in two encodings is one partition.
+    let idx = rolegate::lease::partition_index(None, "order-42", 4);
+    for path in ["/accounts/order-42", "/accounts/ord%65r-42"] {
+        let (_, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}{path}"))
+            .await
+            .unwrap();
+        assert!(
+            body.starts_with(format!("a accounts:partition-{idx} ").as_bytes()),
+            "{path}: {body:?}"
+        );
+    }
+    // Look-alikes and h2c never reach the app, gated or not.
+    for path in ["/reports/run", "/other"] {
+        let req = Request::get(format!("http://127.0.0.1:{pb}{path}"))
+            .header("x_rolegate_role", "forged")
+            .header("X_Rolegate_Token", "999")
+            .header("connection", "Upgrade, HTTP2-Settings")
+            .header("upgrade", "h2c")
+            .header("http2-settings", "AAMAAABkAAQCAAAAAAIAAAAA")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, body) = cluster::request(req).await.unwrap();
+        assert_ne!(status, StatusCode::SWITCHING_PROTOCOLS);
+        assert!(
+            !String::from_utf8_lossy(&body).contains("leaked"),
+            "{path}: {body:?}"
+        );
+    }
+    a.shutdown().await;
     b.shutdown().await;
 }
 
