@@ -134,7 +134,11 @@ async fn render_metrics(State(s): State<AdminState>) -> Response {
 async fn readyz(State(c): State<Coordinator>) -> Response {
     match c.readiness() {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
-        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}\n")).into_response(),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -251,7 +255,9 @@ pub async fn serve(
             let _slot = slot;
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(crate::gateway::HEADER_READ_TIMEOUT.min(std::time::Duration::from_secs(10)))
+                .header_read_timeout(
+                    crate::gateway::HEADER_READ_TIMEOUT.min(std::time::Duration::from_secs(10)),
+                )
                 .max_buf_size(crate::gateway::MAX_HEAD_BYTES)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             tokio::pin!(conn);

@@ -804,9 +804,14 @@ impl Resolver<'_> {
         }
 
         let proxy = self.proxy(&raw.proxy)?;
-        let routes = self.routes(&raw.routes, &roles, &partitions, proxy.case_insensitive_paths)?;
+        let routes = self.routes(
+            &raw.routes,
+            &roles,
+            &partitions,
+            proxy.case_insensitive_paths,
+        )?;
 
-                let shutdown = ShutdownConfig {
+        let shutdown = ShutdownConfig {
             drain_timeout: self.duration(
                 &raw.shutdown.drain_timeout,
                 "shutdown.drain_timeout",
@@ -1017,8 +1022,11 @@ impl Resolver<'_> {
 
     fn proxy(&self, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
         use proxy_defaults as d;
-        let connect_timeout =
-            self.duration(&raw.connect_timeout, "proxy.connect_timeout", d::CONNECT_TIMEOUT)?;
+        let connect_timeout = self.duration(
+            &raw.connect_timeout,
+            "proxy.connect_timeout",
+            d::CONNECT_TIMEOUT,
+        )?;
         let response_header_timeout = self.duration(
             &raw.response_header_timeout,
             "proxy.response_header_timeout",
@@ -1061,8 +1069,16 @@ impl Resolver<'_> {
         for (i, u) in raw.upgrades.iter().flatten().enumerate() {
             let key = format!("proxy.upgrades[{i}]");
             let name = self.text(u, &key)?.to_ascii_lowercase();
-            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_')) {
-                return Err(self.err(Some(&u.referenced), &key, format!("`{name}` is not a protocol name")));
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+            {
+                return Err(self.err(
+                    Some(&u.referenced),
+                    &key,
+                    format!("`{name}` is not a protocol name"),
+                ));
             }
             if name == "h2c" {
                 return Err(self.err(
@@ -1080,7 +1096,10 @@ impl Resolver<'_> {
         for (i, t) in raw.trusted_proxies.iter().flatten().enumerate() {
             let key = format!("proxy.trusted_proxies[{i}]");
             let text = self.text(t, &key)?;
-            trusted_proxies.push(text.parse().map_err(|m: String| self.err(Some(&t.referenced), &key, m))?);
+            trusted_proxies.push(
+                text.parse()
+                    .map_err(|m: String| self.err(Some(&t.referenced), &key, m))?,
+            );
         }
         let max_connections = match &raw.max_connections {
             None => d::MAX_CONNECTIONS,
@@ -1418,7 +1437,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.proxy.idle_timeout, Duration::from_secs(2));
         assert!(!c.proxy.case_insensitive_paths);
-        assert_eq!(c.proxy.upgrades, vec!["websocket".to_string(), "foo".to_string()]);
+        assert_eq!(
+            c.proxy.upgrades,
+            vec!["websocket".to_string(), "foo".to_string()]
+        );
         assert_eq!(c.proxy.trusted_proxies.len(), 2);
         assert_eq!(c.proxy.max_connections, 5);
         assert!(c.to_yaml().contains("10.0.0.0/8"));

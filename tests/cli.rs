@@ -66,7 +66,10 @@ fn check_config_never_prints_a_secret_from_a_url() {
     for secret in ["pw-in-userinfo", "pw-in-query", "a-cluster-secret"] {
         assert!(!out.contains(secret), "`{secret}` printed:\n{out}");
     }
-    assert!(out.contains("sslmode=require") && out.contains("<redacted>"), "{out}");
+    assert!(
+        out.contains("sslmode=require") && out.contains("<redacted>"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -129,6 +132,44 @@ fn resolve_prints_the_partition_role_of_a_key() {
     assert_eq!(stdout(&o).trim(), "actors:partition-12");
     let o = rolegate(&["resolve", "nope", "k", "--config", s(&p)]);
     assert_eq!(code(&o), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resolve_agrees_with_the_gateway_for_every_encoding_of_a_key() {
+    let app = support::cluster::TestApp::start(0).await;
+    let spec = support::cluster::ClusterSpec::postgres("cli_resolve_enc");
+    let gw = support::cluster::GatewayProcess::start(0, &spec, &app).await;
+    support::wait_for_async(
+        "every role held",
+        std::time::Duration::from_secs(10),
+        || async { gw.held().await.values().all(|h| h.0) },
+    )
+    .await;
+    let o = rolegate(&[
+        "resolve",
+        "devices",
+        "order-42",
+        "--scope",
+        "Order",
+        "--config",
+        s(&gw.config_path()),
+    ]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let want = stdout(&o).trim().to_string();
+    for path in [
+        "/orders/order-42",
+        "/orders/ord%65r-42",
+        "/orders/%6Frder%2D42",
+        "/Orders/order-42/",
+    ] {
+        let (status, _, _) = support::cluster::get(&format!("{}{path}", gw.url()))
+            .await
+            .unwrap();
+        assert_eq!(status.as_u16(), 201, "{path}");
+        let e = app.executed().into_iter().last().unwrap();
+        assert_eq!(e.path, path);
+        assert_eq!(e.headers["x-rolegate-role"], want.as_str(), "{path}");
+    }
 }
 
 fn pg_config(tag: &str) -> PathBuf {

@@ -91,7 +91,11 @@ async fn a_slow_upload_is_never_cut_by_the_response_header_timeout() {
     tokio::spawn(async move {
         for _ in 0..20 {
             tokio::time::sleep(Duration::from_millis(100)).await;
-            if tx.send(Ok(Bytes::from(vec![b'u'; 30 * 1024]))).await.is_err() {
+            if tx
+                .send(Ok(Bytes::from(vec![b'u'; 30 * 1024])))
+                .await
+                .is_err()
+            {
                 return;
             }
         }
@@ -135,10 +139,10 @@ async fn a_client_that_stops_reading_is_cut_after_the_idle_timeout() {
     // 200 MB that the client never reads: the stream stalls, and the gateway
     // closes it rather than pinning the app's connection.
     let total: u64 = 200_000_000;
-    let mut s = TcpStream::connect(("127.0.0.1", gws[1].port)).await.unwrap();
-    let req = format!(
-        "GET /maintenance/download?bytes={total} HTTP/1.1\r\nHost: t\r\n\r\n"
-    );
+    let mut s = TcpStream::connect(("127.0.0.1", gws[1].port))
+        .await
+        .unwrap();
+    let req = format!("GET /maintenance/download?bytes={total} HTTP/1.1\r\nHost: t\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut buf = vec![0u8; 1 << 20];
@@ -156,7 +160,9 @@ async fn a_client_that_stops_reading_is_cut_after_the_idle_timeout() {
     assert!(started.elapsed() < Duration::from_secs(10));
 
     // A stream that goes quiet (SSE after its first event) is closed too.
-    let mut s = TcpStream::connect(("127.0.0.1", gws[1].port)).await.unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", gws[1].port))
+        .await
+        .unwrap();
     s.write_all(b"GET /maintenance/sse HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
         .unwrap();
@@ -182,7 +188,8 @@ async fn a_client_that_stops_reading_is_cut_after_the_idle_timeout() {
 async fn readyz_turns_503_no_later_than_the_roles_fail_closed_when_the_store_freezes() {
     let pg = support::PrivatePostgres::start();
     let app = TestApp::start(0).await;
-    let gw = GatewayProcess::start(0, &ClusterSpec::postgres_at(&pg.url(), "lim_ready"), &app).await;
+    let gw =
+        GatewayProcess::start(0, &ClusterSpec::postgres_at(&pg.url(), "lim_ready"), &app).await;
     support::wait_for_async("maintenance held", Duration::from_secs(10), || async {
         gw.held().await.get("maintenance").is_some_and(|h| h.0)
     })
@@ -202,12 +209,18 @@ async fn readyz_turns_503_no_later_than_the_roles_fail_closed_when_the_store_fre
         if held == 0 {
             break frozen.elapsed();
         }
-        assert!(frozen.elapsed() < Duration::from_secs(10), "roles never failed closed");
+        assert!(
+            frozen.elapsed() < Duration::from_secs(10),
+            "roles never failed closed"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     pg.signal_all("CONT");
     let (ready_ended, why) = first_503.expect("readyz still 200 when every role had failed closed");
-    assert!(ready_ended <= held_until, "{ready_ended:?} > {held_until:?}");
+    assert!(
+        ready_ended <= held_until,
+        "{ready_ended:?} > {held_until:?}"
+    );
     assert!(why.contains("lease store round trip"), "{why}");
     gw.wait_ready().await;
 }
@@ -330,12 +343,27 @@ async fn host_rules_connect_and_options_star_are_answered_at_the_edge() {
     let app = TestApp::start(0).await;
     let gw = GatewayProcess::start(0, &ClusterSpec::postgres("lim_host"), &app).await;
     for (req, want) in [
-        (&b"GET /plain HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..], 400),
-        (b"GET /maintenance/x HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n", 400),
+        (
+            &b"GET /plain HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"[..],
+            400,
+        ),
+        (
+            b"GET /maintenance/x HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n",
+            400,
+        ),
         (b"GET /plain HTTP/1.1\r\nConnection: close\r\n\r\n", 400),
-        (b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405),
-        (b"OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 200),
-        (b"GET /maintenance%00/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 400),
+        (
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
+            405,
+        ),
+        (
+            b"OPTIONS * HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            200,
+        ),
+        (
+            b"GET /maintenance%00/x HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            400,
+        ),
         (b"GET /plain HTTP/1.0\r\n\r\n", 201),
     ] {
         let answer = raw_exchange(gw.port, req).await;
@@ -346,22 +374,28 @@ async fn host_rules_connect_and_options_star_are_answered_at_the_edge() {
             String::from_utf8_lossy(req)
         );
     }
-    assert!(app
-        .executed_paths()
-        .iter()
-        .all(|p| p == "/plain"), "{:?}", app.executed_paths());
+    assert!(
+        app.executed_paths().iter().all(|p| p == "/plain"),
+        "{:?}",
+        app.executed_paths()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_cluster_secret_client_via_entries_never_force_a_503() {
-    let spec = ClusterSpec::postgres("lim_via").with_proxy(&format!("  cluster_secret: {SECRET}\n"));
+    let spec =
+        ClusterSpec::postgres("lim_via").with_proxy(&format!("  cluster_secret: {SECRET}\n"));
     let (apps, gws) = pair(spec).await;
     let req = Request::get(format!("{}/maintenance/via-spoof", gws[1].url()))
         .header("via", "1.1 rolegate, 1.1 rolegate")
         .body(Body::empty())
         .unwrap();
     let (status, _, _) = cluster::request(req).await.unwrap();
-    assert_eq!(status, StatusCode::CREATED, "forwarded and served by the holder");
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "forwarded and served by the holder"
+    );
     assert!(apps[0]
         .executed_paths()
         .iter()
@@ -384,7 +418,10 @@ async fn with_a_cluster_secret_client_via_entries_never_force_a_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwarding_headers_from_untrusted_clients_are_replaced_and_from_trusted_ones_kept() {
-    for (trusted, want) in [("", "127.0.0.1"), ("  trusted_proxies: [127.0.0.1/32]\n", "6.6.6.6, 127.0.0.1")] {
+    for (trusted, want) in [
+        ("", "127.0.0.1"),
+        ("  trusted_proxies: [127.0.0.1/32]\n", "6.6.6.6, 127.0.0.1"),
+    ] {
         let app = TestApp::start(0).await;
         let spec = ClusterSpec::postgres("lim_xff").with_proxy(trusted);
         let gw = GatewayProcess::start(0, &spec, &app).await;
@@ -414,12 +451,22 @@ async fn problem_bodies_name_no_internal_address_or_library_error() {
     // An upstream that is not listening: 502 on a plain path.
     let closed = support::free_port();
     let spec = ClusterSpec::postgres("lim_leak");
-    let gw = GatewayProcess::start_on(0, &spec, closed, support::free_port(), support::free_port()).await;
+    let gw = GatewayProcess::start_on(0, &spec, closed, support::free_port(), support::free_port())
+        .await;
     let (status, _, body) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     let text = String::from_utf8_lossy(&body);
-    for leak in ["127.0.0.1", &closed.to_string(), "refused", "tcp connect", "hyper"] {
+    for leak in [
+        "127.0.0.1",
+        &closed.to_string(),
+        "refused",
+        "tcp connect",
+        "hyper",
+    ] {
         assert!(!text.contains(leak), "problem body leaks `{leak}`: {text}");
     }
-    assert!(gw.log().contains(&closed.to_string()), "the log keeps the detail");
+    assert!(
+        gw.log().contains(&closed.to_string()),
+        "the log keeps the detail"
+    );
 }

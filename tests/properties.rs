@@ -73,7 +73,12 @@ fn apply(path: &str, d: &Disguise) -> String {
             if i == 0 {
                 return path.into();
             }
-            format!("{}%{:02X}{}", &path[..i], path.as_bytes()[i], &path[i + 1..])
+            format!(
+                "{}%{:02X}{}",
+                &path[..i],
+                path.as_bytes()[i],
+                &path[i + 1..]
+            )
         }
         Disguise::Upper(f) => {
             let mut b = path.as_bytes().to_vec();

@@ -510,11 +510,7 @@ impl HeartbeatLoop {
         let fresh = self
             .last_ok_sent
             .is_some_and(|t| t.elapsed() < self.shared.op_timeout);
-        metrics::gauge!(telemetry::READY).set(if self.loaded && fresh {
-            1.0
-        } else {
-            0.0
-        });
+        metrics::gauge!(telemetry::READY).set(if self.loaded && fresh { 1.0 } else { 0.0 });
         self.published += 1;
         self.shared.published.send_replace(self.published);
     }

@@ -271,7 +271,10 @@ mod tests {
             .map(|r| String::from_utf8(r).unwrap())
             .collect();
         assert!(r.contains(&"/b".to_string()), "{r:?}");
-        assert!(r.contains(&"/a/b".to_string()), "dots without merging: {r:?}");
+        assert!(
+            r.contains(&"/a/b".to_string()),
+            "dots without merging: {r:?}"
+        );
         assert!(r.contains(&"/a/../b".to_string()), "dots kept: {r:?}");
     }
 

@@ -12,8 +12,8 @@ use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext};
 use super::headers::HOP;
 use super::hop::HopSigner;
 use super::keys::{KeyError, KeyExtractor};
-use super::trust::{is_trusted, Cidr};
 use super::problem::{Problem, Reason};
+use super::trust::{is_trusted, Cidr};
 use crate::lease::{HeldLease, RoleLease, RolePartition};
 
 /// What a route is gated by.
@@ -241,7 +241,10 @@ impl GateSettings {
                     ForwardError::ClientBody => {
                         // The client's fault: not a holder failure.
                         tracing::debug!(%role, error = %e, "client request body failed while forwarding");
-                        (Reason::BadBody, "the request body was malformed or cut off".to_string())
+                        (
+                            Reason::BadBody,
+                            "the request body was malformed or cut off".to_string(),
+                        )
                     }
                     ForwardError::Timeout(..) => (
                         Reason::HolderTimeout,

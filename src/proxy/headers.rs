@@ -94,7 +94,9 @@ pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
             }
             let name = proto.split(|b| *b == b'/').next().unwrap_or_default();
             if name.eq_ignore_ascii_case(b"h2c")
-                || !allowed.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(name))
+                || !allowed
+                    .iter()
+                    .any(|a| a.as_bytes().eq_ignore_ascii_case(name))
             {
                 return false;
             }
@@ -179,7 +181,10 @@ fn strip_fields(headers: &mut HeaderMap, with_forwarding: bool) {
     // Fast path: nothing to do for the usual request.
     if !headers.keys().any(|k| {
         let n = k.as_str();
-        n.contains('_') || n.starts_with("x-rolegate-") || (with_forwarding && (n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip"))
+        n.contains('_')
+            || n.starts_with("x-rolegate-")
+            || (with_forwarding
+                && (n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip"))
     }) {
         return;
     }
@@ -385,7 +390,10 @@ mod tests {
         left.sort();
         assert_eq!(left, vec!["x-forwarded-for", "x_custom"]);
         strip_untrusted_forwarding(&mut h);
-        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x_custom"]);
+        assert_eq!(
+            h.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            vec!["x_custom"]
+        );
     }
 
     #[test]
@@ -394,8 +402,14 @@ mod tests {
         assert!(upgrade_allowed(&map(&[("upgrade", "websocket")]), &allowed));
         assert!(upgrade_allowed(&map(&[("upgrade", "WebSocket")]), &allowed));
         assert!(!upgrade_allowed(&map(&[("upgrade", "h2c")]), &allowed));
-        assert!(!upgrade_allowed(&map(&[("upgrade", "websocket, h2c")]), &allowed));
-        assert!(!upgrade_allowed(&map(&[("upgrade", "h2c")]), &["h2c".to_string()]));
+        assert!(!upgrade_allowed(
+            &map(&[("upgrade", "websocket, h2c")]),
+            &allowed
+        ));
+        assert!(!upgrade_allowed(
+            &map(&[("upgrade", "h2c")]),
+            &["h2c".to_string()]
+        ));
         assert!(!upgrade_allowed(&map(&[("upgrade", "TLS/1.2")]), &allowed));
         assert!(!upgrade_allowed(&HeaderMap::new(), &allowed));
         let mut h = map(&[
@@ -435,7 +449,13 @@ mod tests {
         assert_eq!(h["x-forwarded-host"], "example.com");
         assert_eq!(h["x-forwarded-proto"], "http");
         assert_eq!(h["via"], "1.1 rolegate");
-        add_forwarding(&mut h, Some("[::1]:1".parse().unwrap()), "gw-2", "http", true);
+        add_forwarding(
+            &mut h,
+            Some("[::1]:1".parse().unwrap()),
+            "gw-2",
+            "http",
+            true,
+        );
         assert_eq!(h["via"], "1.1 rolegate, 1.1 rolegate (gw-2)");
         assert_eq!(rolegate_hops(&h), 2);
         assert!(passed_through(&h, "gw-2"));

@@ -68,7 +68,11 @@ impl KeyExtractor {
     /// percent-decoded (`+` is a space in a query), header values are used as
     /// sent. A key given twice, or a path the app may split differently,
     /// is refused rather than guessed.
-    pub fn extract<'a>(&self, uri: &'a Uri, headers: &'a HeaderMap) -> Result<Cow<'a, str>, KeyError> {
+    pub fn extract<'a>(
+        &self,
+        uri: &'a Uri,
+        headers: &'a HeaderMap,
+    ) -> Result<Cow<'a, str>, KeyError> {
         let key: Cow<'a, str> = match self {
             KeyExtractor::Header(name) => header_key(headers, name)?,
             KeyExtractor::Query(name) => {
@@ -137,7 +141,11 @@ fn header_key<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Cow<'a, s
 /// The value of query parameter `name` (names compared decoded and ignoring
 /// ASCII case); `Duplicate` when it appears twice. `semicolons` also splits
 /// pairs on `;`.
-fn query_key<'a>(query: &'a str, name: &str, semicolons: bool) -> Result<Option<Cow<'a, str>>, KeyError> {
+fn query_key<'a>(
+    query: &'a str,
+    name: &str,
+    semicolons: bool,
+) -> Result<Option<Cow<'a, str>>, KeyError> {
     let mut found = None;
     let pairs = query.split(|c| c == '&' || (semicolons && c == ';'));
     for pair in pairs.filter(|p| !p.is_empty()) {
@@ -169,7 +177,9 @@ fn path_segments(path: &str) -> Result<Vec<&str>, KeyError> {
         if decoded.is_empty()
             || &*decoded == b"."
             || &*decoded == b".."
-            || decoded.iter().any(|b| matches!(b, b'/' | b'\\' | b';') || b.is_ascii_control())
+            || decoded
+                .iter()
+                .any(|b| matches!(b, b'/' | b'\\' | b';') || b.is_ascii_control())
         {
             return Err(KeyError::Ambiguous);
         }
@@ -179,16 +189,22 @@ fn path_segments(path: &str) -> Result<Vec<&str>, KeyError> {
 
 /// Percent-decodes once (`+` as a space when `plus`), as UTF-8.
 fn decode_utf8(raw: &str, plus: bool) -> Result<Cow<'_, str>, KeyError> {
-    if !raw.contains('%') && !(plus && raw.contains('+')) {
+    if !(raw.contains('%') || (plus && raw.contains('+'))) {
         return Ok(Cow::Borrowed(raw));
     }
     let spaced: Cow<'_, [u8]> = if plus && raw.contains('+') {
-        Cow::Owned(raw.bytes().map(|b| if b == b'+' { b' ' } else { b }).collect())
+        Cow::Owned(
+            raw.bytes()
+                .map(|b| if b == b'+' { b' ' } else { b })
+                .collect(),
+        )
     } else {
         Cow::Borrowed(raw.as_bytes())
     };
     let decoded = super::canonical::percent_decode(&spaced).into_owned();
-    String::from_utf8(decoded).map(Cow::Owned).map_err(|_| KeyError::NotText)
+    String::from_utf8(decoded)
+        .map(Cow::Owned)
+        .map_err(|_| KeyError::NotText)
 }
 
 #[cfg(test)]
@@ -212,13 +228,34 @@ mod tests {
         assert_eq!(key(&header, u, &h).as_deref(), Ok("d-7"));
         let id = KeyExtractor::query("id");
         assert_eq!(key(&id, u, &h).as_deref(), Ok("abc"));
-        assert_eq!(key(&KeyExtractor::query("x"), u, &h), Err(KeyError::Missing));
-        assert_eq!(key(&KeyExtractor::query("flag"), u, &h), Err(KeyError::Missing));
-        assert_eq!(key(&KeyExtractor::query("nope"), u, &h), Err(KeyError::Missing));
-        assert_eq!(key(&KeyExtractor::PathSegment(2), u, &h).as_deref(), Ok("42"));
-        assert_eq!(key(&KeyExtractor::PathSegment(9), u, &h), Err(KeyError::Missing));
-        assert_eq!(key(&KeyExtractor::PathSegmentLast, u, &h).as_deref(), Ok("9"));
-        assert_eq!(key(&KeyExtractor::PathSegmentLast, "/orders/7/", &h).as_deref(), Ok("7"));
+        assert_eq!(
+            key(&KeyExtractor::query("x"), u, &h),
+            Err(KeyError::Missing)
+        );
+        assert_eq!(
+            key(&KeyExtractor::query("flag"), u, &h),
+            Err(KeyError::Missing)
+        );
+        assert_eq!(
+            key(&KeyExtractor::query("nope"), u, &h),
+            Err(KeyError::Missing)
+        );
+        assert_eq!(
+            key(&KeyExtractor::PathSegment(2), u, &h).as_deref(),
+            Ok("42")
+        );
+        assert_eq!(
+            key(&KeyExtractor::PathSegment(9), u, &h),
+            Err(KeyError::Missing)
+        );
+        assert_eq!(
+            key(&KeyExtractor::PathSegmentLast, u, &h).as_deref(),
+            Ok("9")
+        );
+        assert_eq!(
+            key(&KeyExtractor::PathSegmentLast, "/orders/7/", &h).as_deref(),
+            Ok("7")
+        );
         assert_eq!(
             key(&KeyExtractor::header("x-missing").unwrap(), u, &h),
             Err(KeyError::Missing)
@@ -231,8 +268,14 @@ mod tests {
     fn keys_are_the_decoded_value_the_app_sees() {
         let h = HeaderMap::new();
         let last = KeyExtractor::PathSegmentLast;
-        assert_eq!(key(&last, "/orders/ord%65r-42", &h).as_deref(), Ok("order-42"));
-        assert_eq!(key(&last, "/orders/order-42", &h).as_deref(), Ok("order-42"));
+        assert_eq!(
+            key(&last, "/orders/ord%65r-42", &h).as_deref(),
+            Ok("order-42")
+        );
+        assert_eq!(
+            key(&last, "/orders/order-42", &h).as_deref(),
+            Ok("order-42")
+        );
         let id = KeyExtractor::query("id");
         assert_eq!(key(&id, "/a?id=a%20b", &h).as_deref(), Ok("a b"));
         assert_eq!(key(&id, "/a?id=a+b", &h).as_deref(), Ok("a b"));
@@ -245,7 +288,10 @@ mod tests {
     fn keys_given_twice_or_readable_two_ways_are_refused() {
         let h = HeaderMap::new();
         let id = KeyExtractor::query("id");
-        assert_eq!(key(&id, "/a?%69d=victim&id=benign", &h), Err(KeyError::Duplicate));
+        assert_eq!(
+            key(&id, "/a?%69d=victim&id=benign", &h),
+            Err(KeyError::Duplicate)
+        );
         assert_eq!(key(&id, "/a?id=1&id=1", &h), Err(KeyError::Duplicate));
         assert_eq!(key(&id, "/a?Id=1&id=2", &h), Err(KeyError::Duplicate));
         assert_eq!(key(&id, "/a?x=1;id=2&id=3", &h), Err(KeyError::Duplicate));

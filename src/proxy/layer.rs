@@ -51,7 +51,10 @@ impl LayerOptions {
             cluster_secret: None,
             retry_after_secs: 5,
             case_insensitive_paths: proxy_defaults::CASE_INSENSITIVE_PATHS,
-            upgrades: proxy_defaults::UPGRADES.iter().map(|s| s.to_string()).collect(),
+            upgrades: proxy_defaults::UPGRADES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             trusted_proxies: Vec::new(),
         })
     }

@@ -42,8 +42,8 @@ pub fn canonical_prefix(prefix: &str, fold_case: bool) -> Result<String, String>
             "prefix `{prefix}` must not contain `;` (path parameters are ignored when matching)"
         ));
     }
-    let canon = canonical::canonical(prefix, fold_case)
-        .map_err(|e| format!("prefix `{prefix}`: {e}"))?;
+    let canon =
+        canonical::canonical(prefix, fold_case).map_err(|e| format!("prefix `{prefix}`: {e}"))?;
     String::from_utf8(canon)
         .map_err(|_| format!("prefix `{prefix}` is not UTF-8 once percent-decoded"))
 }
@@ -171,7 +171,10 @@ mod tests {
         }
         assert_eq!(t.find("/maintenancex"), Ok(None));
         assert_eq!(t.find("/%256daintenance"), Ok(None), "decoded once");
-        assert_eq!(t.find("/maintenance%00"), Err(RouteError::BadPath(BadPath::ControlByte)));
+        assert_eq!(
+            t.find("/maintenance%00"),
+            Err(RouteError::BadPath(BadPath::ControlByte))
+        );
     }
 
     #[test]

@@ -47,7 +47,12 @@ impl PostgresStore {
     /// reported by the first call, and retried by the coordinator.
     pub async fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Config(format!("store.url: {}", crate::redact::redact_text(&e.to_string()))))?
+            .map_err(|e| {
+                StoreError::Config(format!(
+                    "store.url: {}",
+                    crate::redact::redact_text(&e.to_string())
+                ))
+            })?
             .application_name("rolegate");
         let pool = PgPoolOptions::new()
             .max_connections(4)

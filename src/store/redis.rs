@@ -100,8 +100,12 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 impl RedisStore {
     /// `url`: `redis://[:password@]host:port[/db]`. Connects lazily.
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        let client =
-            redis::Client::open(url).map_err(|e| StoreError::Config(format!("store.url: {}", crate::redact::redact_text(&e.to_string()))))?;
+        let client = redis::Client::open(url).map_err(|e| {
+            StoreError::Config(format!(
+                "store.url: {}",
+                crate::redact::redact_text(&e.to_string())
+            ))
+        })?;
         Ok(Self {
             client,
             conn: Mutex::new(None),

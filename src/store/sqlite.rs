@@ -45,7 +45,12 @@ impl SqliteStore {
     /// (`sqlite://path/to/file.db` or `sqlite::memory:`).
     pub async fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| StoreError::Config(format!("store.url: {}", crate::redact::redact_text(&e.to_string()))))?
+            .map_err(|e| {
+                StoreError::Config(format!(
+                    "store.url: {}",
+                    crate::redact::redact_text(&e.to_string())
+                ))
+            })?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
