@@ -1181,7 +1181,11 @@ impl Resolver<'_> {
 }
 
 fn check_http_url(s: &str) -> Result<(), String> {
-    let uri: http::Uri = s.parse().map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    let uri: Result<http::Uri, _> = s.parse();
+    // Messages quote the URL with its secrets redacted.
+    let shown = crate::redact::redact_url(s);
+    let s = shown.as_str();
+    let uri = uri.map_err(|e| format!("`{s}` is not a URL ({e})"))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
         _ => return Err(format!("`{s}` must start with http:// or https://")),
