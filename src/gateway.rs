@@ -218,8 +218,8 @@ impl GatewayState {
 }
 
 /// Requests refused before routing: `CONNECT` (405), a target that is not a
-/// path (400; `OPTIONS *` is answered by the app), two `Host` fields, or an
-/// HTTP/1.1 request without one (400).
+/// path (400; `OPTIONS *` is answered earlier, by the gateway), two `Host`
+/// fields, or an HTTP/1.1 request without one (400).
 fn refuse_request(req: &Request<Body>) -> Option<Problem> {
     if req.method() == http::Method::CONNECT {
         return Some(Problem::new(

@@ -13,6 +13,8 @@ pub mod proxy;
 pub mod redact;
 pub mod store;
 pub mod telemetry;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub mod work;
 
 pub use config::{Config, ConfigError, LeaseTimings};
 pub use lease::{Coordinator, CoordinatorBuilder, HeldLease, RoleLease, RolePartition};

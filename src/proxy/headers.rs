@@ -60,6 +60,9 @@ pub fn same_when_underscored(a: &str, b: &str) -> bool {
         })
 }
 
+/// URL-rewrite fields, removed from every request.
+const REWRITE_FIELDS: &[&str] = &["x-original-url", "x-rewrite-url", "x-original-uri"];
+
 /// Whether `name` is set only by gateways and proxies: `X-Rolegate-*`, the
 /// forwarding fields, or any of them spelled with `_` for `-`.
 fn is_gateway_field(name: &str, with_forwarding: bool) -> bool {
@@ -69,7 +72,9 @@ fn is_gateway_field(name: &str, with_forwarding: bool) -> bool {
     } else {
         name.to_owned()
     };
-    if n.starts_with("x-rolegate-") {
+    // Rewrite headers some frameworks route by (Symfony, IIS): an app that
+    // honoured a client's `X-Original-URL` would run a path the gate never saw.
+    if n.starts_with("x-rolegate-") || REWRITE_FIELDS.contains(&n.as_str()) {
         return true;
     }
     let forwarding = n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip";
@@ -384,6 +389,8 @@ mod tests {
             ("x_real_ip", "10.9.9.9"),
             ("x-forwarded-for", "10.0.0.1"),
             ("x_custom", "kept"),
+            ("x-original-url", "/maintenance/x"),
+            ("X_Rewrite_URL", "/maintenance/x"),
         ]);
         strip_rolegate(&mut h);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();

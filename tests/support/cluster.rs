@@ -474,7 +474,10 @@ impl GatewayProcess {
         std::fs::create_dir_all(&dir).unwrap();
         // Test defaults for the proxy section, unless the spec sets them.
         let mut proxy_defaults = String::new();
-        for (key, value) in [("connect_timeout", "500ms"), ("response_header_timeout", "5s")] {
+        for (key, value) in [
+            ("connect_timeout", "500ms"),
+            ("response_header_timeout", "5s"),
+        ] {
             if !spec.proxy_yaml.contains(key) {
                 proxy_defaults.push_str(&format!("  {key}: {value}\n"));
             }
@@ -495,7 +498,9 @@ impl GatewayProcess {
             Some(limits) => {
                 let mut c = Command::new("sh");
                 c.arg("-c")
-                    .arg(format!("ulimit {limits} && exec \"$0\" run --config \"$1\""))
+                    .arg(format!(
+                        "ulimit {limits} && exec \"$0\" run --config \"$1\""
+                    ))
                     .arg(bin())
                     .arg(&path);
                 c

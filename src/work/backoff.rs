@@ -1,0 +1,148 @@
+//! Retry timing for failed work: an exponential backoff, and a ladder of
+//! fixed steps that honours a remote `Retry-After` (seconds or HTTP date).
+
+use std::time::{Duration, SystemTime};
+
+/// Exponential backoff: `base × factor^(attempt-1)`, capped at `max`, with
+/// up to `jitter` (0..=1) of the delay taken off at random so retries spread.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Backoff {
+    pub base: Duration,
+    pub factor: f64,
+    pub max: Duration,
+    pub jitter: f64,
+}
+
+impl Default for Backoff {
+    /// 1 s doubling to at most 1 h, with 20 % jitter.
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            max: Duration::from_secs(3600),
+            jitter: 0.2,
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay before retry number `attempt` (1 = the first retry), no jitter.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exp = self
+            .factor
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(64) as i32);
+        let secs = (self.base.as_secs_f64() * exp).min(self.max.as_secs_f64());
+        Duration::from_secs_f64(secs.max(0.0))
+    }
+
+    /// [`delay`](Self::delay) with jitter applied.
+    pub fn delay_jittered(&self, attempt: u32) -> Duration {
+        let d = self.delay(attempt);
+        let cut: f64 = rand::random::<f64>() * self.jitter.clamp(0.0, 1.0);
+        d.mul_f64(1.0 - cut)
+    }
+}
+
+/// Fixed retry steps (`1m, 5m, 30m, 2h`); past the last step, `None`: give up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryLadder {
+    pub steps: Vec<Duration>,
+}
+
+impl RetryLadder {
+    pub fn new(steps: impl Into<Vec<Duration>>) -> Self {
+        Self {
+            steps: steps.into(),
+        }
+    }
+
+    /// When to retry after failed attempt number `attempt` (1-based), or `None`
+    /// when the ladder is exhausted. A remote `Retry-After` value (seconds or
+    /// an HTTP date) pushes the retry later, never earlier.
+    pub fn next(
+        &self,
+        attempt: u32,
+        retry_after: Option<&str>,
+        now: SystemTime,
+    ) -> Option<SystemTime> {
+        let step = *self.steps.get(attempt.checked_sub(1)? as usize)?;
+        let remote = retry_after
+            .and_then(|v| parse_retry_after(v, now))
+            .unwrap_or_default();
+        Some(now + step.max(remote))
+    }
+}
+
+/// A `Retry-After` value as a delay from `now`: delay-seconds, or an HTTP
+/// date (a date in the past is zero). `None` when it is neither.
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let v = value.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(v).ok()?;
+    Some(at.duration_since(now).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap() {
+        let b = Backoff {
+            base: Duration::from_millis(100),
+            factor: 2.0,
+            max: Duration::from_secs(1),
+            jitter: 0.5,
+        };
+        assert_eq!(b.delay(1), Duration::from_millis(100));
+        assert_eq!(b.delay(2), Duration::from_millis(200));
+        assert_eq!(b.delay(4), Duration::from_millis(800));
+        assert_eq!(b.delay(5), Duration::from_secs(1));
+        assert_eq!(b.delay(1000), Duration::from_secs(1));
+        for _ in 0..100 {
+            let j = b.delay_jittered(3);
+            assert!(j <= Duration::from_millis(400) && j >= Duration::from_millis(200));
+        }
+    }
+
+    #[test]
+    fn ladder_honours_retry_after_in_seconds_and_dates() {
+        let now = httpdate::parse_http_date("Sun, 29 Nov 2026 12:00:00 GMT").unwrap();
+        let ladder = RetryLadder::new(vec![Duration::from_secs(60), Duration::from_secs(300)]);
+        assert_eq!(
+            ladder.next(1, None, now),
+            Some(now + Duration::from_secs(60))
+        );
+        assert_eq!(
+            ladder.next(2, None, now),
+            Some(now + Duration::from_secs(300))
+        );
+        assert_eq!(ladder.next(3, None, now), None, "exhausted");
+        assert_eq!(ladder.next(0, None, now), None);
+        assert_eq!(
+            ladder.next(1, Some("120"), now),
+            Some(now + Duration::from_secs(120)),
+            "a later Retry-After wins"
+        );
+        assert_eq!(
+            ladder.next(1, Some("5"), now),
+            Some(now + Duration::from_secs(60))
+        );
+        assert_eq!(
+            ladder.next(1, Some("Sun, 29 Nov 2026 12:10:00 GMT"), now),
+            Some(now + Duration::from_secs(600))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 29 Nov 2026 11:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
+        assert_eq!(
+            ladder.next(1, Some("soon"), now),
+            Some(now + Duration::from_secs(60))
+        );
+    }
+}

@@ -1,0 +1,535 @@
+//! Leased work rows: claim, lease-guarded finalize and recovery by expiry for
+//! an app's own queue-shaped table (outbound e-mail, webhook dispatches, a
+//! durable retry table), on PostgreSQL or SQLite through the app's own pool.
+//!
+//! The app adds two columns to its table: a lock id and a locked-until time
+//! (judged by the database clock). A claim is an unlocked select of candidates
+//! followed by one conditional `UPDATE` that restates the whole predicate and
+//! stamps a fresh lock id, returning only the rows that carry it. Every
+//! finalize (complete, fail, release, renew) matches only while the caller's
+//! lock id is still on the row, so a worker that stalled past its lease learns
+//! it lost the row instead of overwriting the new owner. No statement holds a
+//! row lock or a transaction across the work; an expired lock is simply
+//! claimable again: no reaper, nothing to leak.
+//!
+//! `docs/work-rows.md` gives every statement as plain SQL.
+
+mod backoff;
+mod sql;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub use backoff::{parse_retry_after, Backoff, RetryLadder};
+pub use sql::Dialect;
+
+use crate::lease::RolePartition;
+
+/// What went wrong with a work table or a statement.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkError {
+    /// An identifier (table, column) the app passed is not a plain SQL name.
+    #[error(
+        "`{0}` is not a valid SQL identifier (letters, digits, `_`, optionally `schema.name`)"
+    )]
+    BadIdentifier(String),
+    /// A lease, batch or time the app passed is out of range.
+    #[error("{0}")]
+    BadArgument(&'static str),
+    /// The database refused or failed the statement.
+    #[error("work-row statement failed: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// Whether `s` is a plain SQL identifier, optionally schema-qualified.
+pub fn valid_identifier(s: &str) -> bool {
+    let part = |p: &str| {
+        let mut b = p.bytes();
+        matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+            && b.all(|c| c.is_ascii_alphanumeric() || c == b'_')
+            && p.len() <= 63
+    };
+    match s.split_once('.') {
+        Some((schema, name)) => part(schema) && part(name),
+        None => part(s),
+    }
+}
+
+fn ident(s: &str) -> Result<String, WorkError> {
+    if valid_identifier(s) {
+        Ok(s.to_string())
+    } else {
+        Err(WorkError::BadIdentifier(s.to_string()))
+    }
+}
+
+/// The shape of the app's table: names are validated identifiers; the
+/// predicates and SET lists are SQL fragments **the app writes in code**
+/// (never text from a request), pasted into the statements as they are.
+#[derive(Debug, Clone)]
+pub struct WorkTable {
+    pub(crate) table: String,
+    pub(crate) id: String,
+    pub(crate) lock_id: String,
+    pub(crate) locked_until: String,
+    pub(crate) eligible: String,
+    pub(crate) order_by: Vec<String>,
+    pub(crate) on_claim: Option<String>,
+    pub(crate) on_complete: Option<String>,
+    pub(crate) delete_on_complete: bool,
+    pub(crate) retry_column: Option<String>,
+    pub(crate) on_fail: Option<String>,
+    pub(crate) partition_column: Option<String>,
+}
+
+impl WorkTable {
+    /// A table with an integer `id` column and the lock columns `lock_id`
+    /// and `locked_until`; every row is eligible until `eligible` says
+    /// otherwise; queue order is the id.
+    pub fn new(table: &str) -> Result<Self, WorkError> {
+        Ok(Self {
+            table: ident(table)?,
+            id: "id".into(),
+            lock_id: "lock_id".into(),
+            locked_until: "locked_until".into(),
+            eligible: "TRUE".into(),
+            order_by: Vec::new(),
+            on_claim: None,
+            on_complete: None,
+            delete_on_complete: false,
+            retry_column: None,
+            on_fail: None,
+            partition_column: None,
+        })
+    }
+
+    /// The integer primary key column (also the idempotency key of the work).
+    pub fn id_column(mut self, column: &str) -> Result<Self, WorkError> {
+        self.id = ident(column)?;
+        Ok(self)
+    }
+
+    /// The two columns rolegate owns: a text lock id and a locked-until time
+    /// (`timestamptz` on PostgreSQL, integer Unix milliseconds on SQLite).
+    pub fn lock_columns(mut self, lock_id: &str, locked_until: &str) -> Result<Self, WorkError> {
+        self.lock_id = ident(lock_id)?;
+        self.locked_until = ident(locked_until)?;
+        Ok(self)
+    }
+
+    /// Which rows are work: an SQL predicate written by the app, e.g.
+    /// `status = 'pending' AND run_at <= now()`. Restated in every claim.
+    pub fn eligible(mut self, predicate: &str) -> Self {
+        self.eligible = predicate.to_string();
+        self
+    }
+
+    /// Queue order (columns, each optionally followed by `ASC`/`DESC`); the
+    /// id is always the last tie-breaker.
+    pub fn order_by(mut self, columns: &[&str]) -> Result<Self, WorkError> {
+        let mut out = Vec::new();
+        for c in columns {
+            let mut words = c.split_whitespace();
+            let name = ident(words.next().unwrap_or_default())?;
+            let dir = match words.next().map(|w| w.to_ascii_uppercase()) {
+                None => String::new(),
+                Some(d) if d == "ASC" || d == "DESC" => format!(" {d}"),
+                Some(_) => return Err(WorkError::BadIdentifier((*c).to_string())),
+            };
+            if words.next().is_some() {
+                return Err(WorkError::BadIdentifier((*c).to_string()));
+            }
+            out.push(format!("{name}{dir}"));
+        }
+        self.order_by = out;
+        Ok(self)
+    }
+
+    /// Extra assignments applied by the claim, e.g. `attempts = attempts + 1`
+    /// (counted at claim, so a crash uses an attempt up).
+    pub fn on_claim(mut self, set: &str) -> Self {
+        self.on_claim = Some(set.to_string());
+        self
+    }
+
+    /// Assignments applied by `complete`, e.g. `status = 'done'`; they must
+    /// make the row ineligible.
+    pub fn on_complete(mut self, set: &str) -> Self {
+        self.on_complete = Some(set.to_string());
+        self.delete_on_complete = false;
+        self
+    }
+
+    /// `complete` deletes the row instead of updating it.
+    pub fn delete_on_complete(mut self) -> Self {
+        self.delete_on_complete = true;
+        self
+    }
+
+    /// The column `fail(retry_at)` sets to the retry time (same type as the
+    /// lock column's time), plus optional extra assignments.
+    pub fn on_fail(
+        mut self,
+        retry_column: &str,
+        extra_set: Option<&str>,
+    ) -> Result<Self, WorkError> {
+        self.retry_column = Some(ident(retry_column)?);
+        self.on_fail = extra_set.map(str::to_string);
+        Ok(self)
+    }
+
+    /// The integer column holding each row's partition number (computed at
+    /// insert with [`crate::lease::partition_index`]), for [`WorkQueue::claim_held`].
+    pub fn partition_column(mut self, column: &str) -> Result<Self, WorkError> {
+        self.partition_column = Some(ident(column)?);
+        Ok(self)
+    }
+}
+
+/// A row this worker holds: its id, the lock id stamped by the claim, and
+/// the app's own row as the database returned it.
+#[derive(Debug, Clone)]
+pub struct Claimed<R> {
+    pub id: i64,
+    pub lock_id: Arc<str>,
+    pub row: R,
+}
+
+/// A fresh random lock id (128 bits, hex).
+fn new_lock_id() -> Arc<str> {
+    let bytes: [u8; 16] = rand::random();
+    hex::encode(bytes).into()
+}
+
+fn lease_secs(lease: Duration) -> Result<f64, WorkError> {
+    if lease.is_zero() || lease > Duration::from_secs(7 * 24 * 3600) {
+        return Err(WorkError::BadArgument(
+            "lease must be between 1 ms and 7 days",
+        ));
+    }
+    Ok(lease.as_secs_f64())
+}
+
+fn unix_ms(t: SystemTime) -> Result<i64, WorkError> {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .map_err(|_| WorkError::BadArgument("retry time before 1970"))
+}
+
+/// The app's pool behind a work table.
+#[derive(Debug, Clone)]
+pub enum WorkPool {
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+}
+
+/// Claims and finalizes rows of one work table.
+#[derive(Debug, Clone)]
+pub struct WorkQueue {
+    pool: WorkPool,
+    table: Arc<WorkTable>,
+    sql: Arc<sql::Statements>,
+}
+
+/// The rows a claim returned, as the backend's own row type (read the app's
+/// columns with `sqlx::Row::try_get`).
+pub enum ClaimedRows {
+    #[cfg(feature = "postgres")]
+    Postgres(Vec<Claimed<sqlx::postgres::PgRow>>),
+    #[cfg(feature = "sqlite")]
+    Sqlite(Vec<Claimed<sqlx::sqlite::SqliteRow>>),
+}
+
+impl std::fmt::Debug for ClaimedRows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.ids()).finish()
+    }
+}
+
+impl ClaimedRows {
+    /// (id, lock id) of every claimed row, in queue order.
+    pub fn ids(&self) -> Vec<(i64, Arc<str>)> {
+        match self {
+            #[cfg(feature = "postgres")]
+            ClaimedRows::Postgres(v) => v.iter().map(|c| (c.id, c.lock_id.clone())).collect(),
+            #[cfg(feature = "sqlite")]
+            ClaimedRows::Sqlite(v) => v.iter().map(|c| (c.id, c.lock_id.clone())).collect(),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            #[cfg(feature = "postgres")]
+            ClaimedRows::Postgres(v) => v.len(),
+            #[cfg(feature = "sqlite")]
+            ClaimedRows::Sqlite(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The PostgreSQL rows (`None` for a SQLite queue).
+    #[cfg(feature = "postgres")]
+    pub fn into_postgres(self) -> Option<Vec<Claimed<sqlx::postgres::PgRow>>> {
+        match self {
+            ClaimedRows::Postgres(v) => Some(v),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+
+    /// The SQLite rows (`None` for a PostgreSQL queue).
+    #[cfg(feature = "sqlite")]
+    pub fn into_sqlite(self) -> Option<Vec<Claimed<sqlx::sqlite::SqliteRow>>> {
+        match self {
+            ClaimedRows::Sqlite(v) => Some(v),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
+
+impl WorkQueue {
+    /// A queue over `table` on the app's PostgreSQL pool.
+    #[cfg(feature = "postgres")]
+    pub fn postgres(pool: sqlx::PgPool, table: WorkTable) -> Self {
+        let sql = sql::Statements::new(&table, Dialect::Postgres);
+        Self {
+            pool: WorkPool::Postgres(pool),
+            table: Arc::new(table),
+            sql: Arc::new(sql),
+        }
+    }
+
+    /// A queue over `table` on the app's SQLite pool.
+    #[cfg(feature = "sqlite")]
+    pub fn sqlite(pool: sqlx::SqlitePool, table: WorkTable) -> Self {
+        let sql = sql::Statements::new(&table, Dialect::Sqlite);
+        Self {
+            pool: WorkPool::Sqlite(pool),
+            table: Arc::new(table),
+            sql: Arc::new(sql),
+        }
+    }
+
+    /// The statements this queue runs (for logs, docs and `EXPLAIN`).
+    pub fn statements(&self) -> &sql::Statements {
+        &self.sql
+    }
+
+    /// `CREATE INDEX IF NOT EXISTS` for the partial claim index over live rows
+    /// (`live` is the app's predicate for rows that may still become work,
+    /// e.g. `status = 'pending'`): queue order, then id.
+    pub fn claim_index_ddl(&self, index_name: &str, live: &str) -> Result<String, WorkError> {
+        let name = ident(index_name)?;
+        let mut cols = self.table.order_by.clone();
+        cols.push(self.table.id.clone());
+        Ok(format!(
+            "CREATE INDEX IF NOT EXISTS {name} ON {} ({}) WHERE {live}",
+            self.table.table,
+            cols.join(", ")
+        ))
+    }
+
+    /// Claims up to `batch` eligible rows for `lease` (store clock).
+    pub async fn claim(&self, batch: u32, lease: Duration) -> Result<ClaimedRows, WorkError> {
+        self.claim_in(batch, lease, None).await
+    }
+
+    /// Like [`claim`](Self::claim), limited to rows whose partition column
+    /// names a partition role of `partition` held here right now: the holder
+    /// of `outbox:partition-3` delivers only partition 3's rows, and a
+    /// handover moves the delivery with the role.
+    pub async fn claim_held(
+        &self,
+        partition: &RolePartition,
+        batch: u32,
+        lease: Duration,
+    ) -> Result<ClaimedRows, WorkError> {
+        if self.table.partition_column.is_none() {
+            return Err(WorkError::BadArgument(
+                "claim_held needs WorkTable::partition_column",
+            ));
+        }
+        let held: Vec<i64> = (0..partition.count())
+            .filter(|&i| partition.role(i).is_some_and(|r| r.is_held()))
+            .map(i64::from)
+            .collect();
+        if held.is_empty() {
+            return Ok(self.empty());
+        }
+        self.claim_in(batch, lease, Some(held)).await
+    }
+
+    fn empty(&self) -> ClaimedRows {
+        match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(_) => ClaimedRows::Postgres(Vec::new()),
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(_) => ClaimedRows::Sqlite(Vec::new()),
+        }
+    }
+
+    async fn claim_in(
+        &self,
+        batch: u32,
+        lease: Duration,
+        partitions: Option<Vec<i64>>,
+    ) -> Result<ClaimedRows, WorkError> {
+        if batch == 0 || batch > 10_000 {
+            return Err(WorkError::BadArgument("batch must be between 1 and 10000"));
+        }
+        let secs = lease_secs(lease)?;
+        let lock = new_lock_id();
+        let text = match partitions {
+            Some(_) => &self.sql.claim_partitions,
+            None => &self.sql.claim,
+        };
+        let id_col = self.table.id.as_str();
+        match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                use sqlx::Row;
+                let mut q = sqlx::query(text)
+                    .bind(i64::from(batch))
+                    .bind(lock.as_ref())
+                    .bind(secs);
+                if let Some(p) = partitions {
+                    q = q.bind(p);
+                }
+                let rows = q.fetch_all(pool).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(Claimed {
+                        id: row.try_get::<i64, _>(id_col)?,
+                        lock_id: lock.clone(),
+                        row,
+                    });
+                }
+                Ok(ClaimedRows::Postgres(out))
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                use sqlx::Row;
+                let mut q = sqlx::query(text)
+                    .bind(i64::from(batch))
+                    .bind(lock.as_ref())
+                    .bind((secs * 1000.0) as i64);
+                if let Some(p) = partitions {
+                    q = q.bind(serde_json::to_string(&p).unwrap_or_else(|_| "[]".into()));
+                }
+                let rows = q.fetch_all(pool).await?;
+                let mut out = Vec::with_capacity(rows.len());
+                for row in rows {
+                    out.push(Claimed {
+                        id: row.try_get::<i64, _>(id_col)?,
+                        lock_id: lock.clone(),
+                        row,
+                    });
+                }
+                Ok(ClaimedRows::Sqlite(out))
+            }
+        }
+    }
+
+    /// Runs a finalize statement bound to (id, lock id, extra); true when the
+    /// row still carried the lock id.
+    async fn finalize(
+        &self,
+        text: &str,
+        id: i64,
+        lock: &str,
+        extra: Option<i64>,
+    ) -> Result<bool, WorkError> {
+        let affected = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                let mut q = sqlx::query(text).bind(id).bind(lock);
+                if let Some(x) = extra {
+                    q = q.bind(x);
+                }
+                q.execute(pool).await?.rows_affected()
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                let mut q = sqlx::query(text).bind(id).bind(lock);
+                if let Some(x) = extra {
+                    q = q.bind(x);
+                }
+                q.execute(pool).await?.rows_affected()
+            }
+        };
+        Ok(affected == 1)
+    }
+
+    /// The work is done: applies `on_complete` (or deletes the row) and
+    /// clears the lock. False if the lock id is no longer on the row.
+    pub async fn complete(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
+        self.finalize(&self.sql.complete, id, lock_id, None).await
+    }
+
+    /// The work failed: sets the retry column to `retry_at`, applies
+    /// `on_fail`'s extra assignments, clears the lock.
+    pub async fn fail(
+        &self,
+        id: i64,
+        lock_id: &str,
+        retry_at: SystemTime,
+    ) -> Result<bool, WorkError> {
+        let Some(text) = &self.sql.fail else {
+            return Err(WorkError::BadArgument("fail needs WorkTable::on_fail"));
+        };
+        self.finalize(text, id, lock_id, Some(unix_ms(retry_at)?))
+            .await
+    }
+
+    /// Gives the row back at once (claimable again now; the attempt counted
+    /// at claim stays counted).
+    pub async fn release(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
+        self.finalize(&self.sql.release, id, lock_id, None).await
+    }
+
+    /// Extends the lock to `lease` from now (store clock), for long work.
+    pub async fn renew(&self, id: i64, lock_id: &str, lease: Duration) -> Result<bool, WorkError> {
+        let ms = (lease_secs(lease)? * 1000.0) as i64;
+        self.finalize(&self.sql.renew, id, lock_id, Some(ms)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_validated() {
+        assert!(valid_identifier("outbox"));
+        assert!(valid_identifier("app.outbox_2"));
+        assert!(valid_identifier("_x"));
+        for bad in [
+            "", "1x", "a-b", "a b", "a;drop", "a.b.c", "\"x\"", "a.", ".a",
+        ] {
+            assert!(!valid_identifier(bad), "{bad}");
+        }
+        assert!(WorkTable::new("outbox; DROP TABLE x").is_err());
+        assert!(WorkTable::new("t")
+            .unwrap()
+            .order_by(&["run_at DESC"])
+            .is_ok());
+        assert!(WorkTable::new("t")
+            .unwrap()
+            .order_by(&["run_at; x"])
+            .is_err());
+        assert!(WorkTable::new("t")
+            .unwrap()
+            .order_by(&["run_at DESC x"])
+            .is_err());
+        assert!(WorkTable::new("t")
+            .unwrap()
+            .lock_columns("l", "u u")
+            .is_err());
+    }
+}

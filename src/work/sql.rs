@@ -1,0 +1,188 @@
+//! The work-row statements, built once per table from validated identifiers
+//! and the app's own predicate fragments. Each condition is written once here.
+
+use super::WorkTable;
+
+/// Which SQL the statements are written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    /// `$n` parameters; times are `timestamptz` from `clock_timestamp()`.
+    Postgres,
+    /// `?n` parameters; times are integer Unix milliseconds from the SQLite clock.
+    Sqlite,
+}
+
+impl Dialect {
+    fn p(self, n: u8) -> String {
+        match self {
+            Dialect::Postgres => format!("${n}"),
+            Dialect::Sqlite => format!("?{n}"),
+        }
+    }
+
+    /// The database clock.
+    fn now(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "clock_timestamp()",
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        }
+    }
+
+    /// Now plus the lease bound as parameter `n` (seconds on PostgreSQL,
+    /// milliseconds on SQLite).
+    fn now_plus(self, n: u8) -> String {
+        match self {
+            Dialect::Postgres => format!("clock_timestamp() + make_interval(secs => ${n})"),
+            Dialect::Sqlite => format!("{} + ?{n}", self.now()),
+        }
+    }
+
+    /// A Unix-milliseconds parameter as a stored time.
+    fn time_param(self, n: u8) -> String {
+        match self {
+            Dialect::Postgres => format!("to_timestamp(${n}::float8 / 1000.0)"),
+            Dialect::Sqlite => format!("?{n}"),
+        }
+    }
+
+    /// `column IN (the partition numbers bound as parameter n)`.
+    fn in_list(self, column: &str, n: u8) -> String {
+        match self {
+            Dialect::Postgres => format!("{column} = ANY(${n})"),
+            Dialect::Sqlite => format!("{column} IN (SELECT value FROM json_each(?{n}))"),
+        }
+    }
+}
+
+/// Every statement of one work table.
+#[derive(Debug, Clone)]
+pub struct Statements {
+    /// Parameters: batch, lock id, lease.
+    pub claim: String,
+    /// Parameters: batch, lock id, lease, partition numbers.
+    pub claim_partitions: String,
+    /// Parameters: id, lock id.
+    pub complete: String,
+    /// Parameters: id, lock id, retry time (Unix ms). `None` without `on_fail`.
+    pub fail: Option<String>,
+    /// Parameters: id, lock id.
+    pub release: String,
+    /// Parameters: id, lock id, lease in milliseconds.
+    pub renew: String,
+}
+
+impl Statements {
+    pub(crate) fn new(t: &WorkTable, d: Dialect) -> Self {
+        let (table, id, lock, until) = (&t.table, &t.id, &t.lock_id, &t.locked_until);
+        // A row is claimable when the app says it is work and no live lock is on it.
+        let claimable = format!(
+            "({}) AND ({lock} IS NULL OR {until} < {})",
+            t.eligible,
+            d.now()
+        );
+        let mut order: Vec<String> = t.order_by.clone();
+        order.push(id.clone());
+        let order = order.join(", ");
+        let mut set = format!("{lock} = {}, {until} = {}", d.p(2), d.now_plus(3));
+        if let Some(extra) = &t.on_claim {
+            set.push_str(", ");
+            set.push_str(extra);
+        }
+        let claim_with = |extra: &str| {
+            format!(
+                "UPDATE {table} SET {set} \
+                 WHERE {id} IN (SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}) \
+                 AND {claimable}{extra} \
+                 RETURNING *",
+                batch = d.p(1),
+            )
+        };
+        let partition_filter = t
+            .partition_column
+            .as_ref()
+            .map(|c| format!(" AND {}", d.in_list(c, 4)))
+            .unwrap_or_default();
+        let mine = format!("{id} = {} AND {lock} = {}", d.p(1), d.p(2));
+        let unlock = format!("{lock} = NULL, {until} = NULL");
+        let complete = if t.delete_on_complete {
+            format!("DELETE FROM {table} WHERE {mine}")
+        } else {
+            let extra = t
+                .on_complete
+                .as_ref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default();
+            format!("UPDATE {table} SET {unlock}{extra} WHERE {mine}")
+        };
+        let fail = t.retry_column.as_ref().map(|col| {
+            let extra = t
+                .on_fail
+                .as_ref()
+                .map(|s| format!(", {s}"))
+                .unwrap_or_default();
+            format!(
+                "UPDATE {table} SET {unlock}, {col} = {}{extra} WHERE {mine}",
+                d.time_param(3)
+            )
+        });
+        let renew_until = match d {
+            Dialect::Postgres => {
+                "clock_timestamp() + make_interval(secs => $3::float8 / 1000.0)".to_string()
+            }
+            Dialect::Sqlite => format!("{} + ?3", d.now()),
+        };
+        Statements {
+            claim: claim_with(""),
+            claim_partitions: claim_with(&partition_filter),
+            complete,
+            fail,
+            release: format!("UPDATE {table} SET {unlock} WHERE {mine}"),
+            renew: format!("UPDATE {table} SET {until} = {renew_until} WHERE {mine}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_restate_the_predicate_and_match_the_lock() {
+        let t = WorkTable::new("outbox")
+            .unwrap()
+            .eligible("status = 'pending'")
+            .order_by(&["run_at"])
+            .unwrap()
+            .on_claim("attempts = attempts + 1")
+            .on_complete("status = 'done'")
+            .on_fail("run_at", None)
+            .unwrap();
+        let s = Statements::new(&t, Dialect::Postgres);
+        assert_eq!(
+            s.claim.matches("(status = 'pending')").count(),
+            2,
+            "{}",
+            s.claim
+        );
+        assert!(
+            s.claim.contains("ORDER BY run_at, id LIMIT $1"),
+            "{}",
+            s.claim
+        );
+        assert!(s.claim.contains("attempts = attempts + 1"));
+        assert!(s.claim.ends_with("RETURNING *"));
+        assert!(!s.claim.to_ascii_uppercase().contains("FOR UPDATE"));
+        assert!(
+            s.complete.ends_with("WHERE id = $1 AND lock_id = $2"),
+            "{}",
+            s.complete
+        );
+        assert!(s
+            .fail
+            .as_deref()
+            .unwrap()
+            .contains("run_at = to_timestamp($3::float8 / 1000.0)"));
+        let q = Statements::new(&t, Dialect::Sqlite);
+        assert!(q.claim.contains("LIMIT ?1") && q.complete.contains("lock_id = ?2"));
+    }
+}
