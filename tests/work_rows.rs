@@ -1,0 +1,435 @@
+//! Leased work rows against real PostgreSQL and SQLite: claim and finalize
+//! semantics, the partial claim index, role affinity through a coordinator,
+//! and worker processes (`examples/outbox_worker.rs`) that are killed with
+//! SIGKILL or paused past their lease while others carry on.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use rolegate::store::{LeaseStore, MemoryStore};
+use rolegate::work::{WorkQueue, WorkTable};
+use rolegate::{CoordinatorBuilder, LeaseTimings};
+
+/// The example worker binary (built by `cargo build --examples`, which
+/// `scripts/test` runs first).
+fn worker_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let bin = dir.join("examples").join("outbox_worker");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `scripts/test`, or `cargo build --all-features --examples` first",
+        bin.display()
+    );
+    bin
+}
+
+enum Db {
+    Pg(sqlx::PgPool),
+    Lite(sqlx::SqlitePool),
+}
+
+impl Db {
+    async fn exec(&self, sql: &str) -> u64 {
+        match self {
+            Db::Pg(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+            Db::Lite(p) => sqlx::query(sql).execute(p).await.unwrap().rows_affected(),
+        }
+    }
+
+    async fn int(&self, sql: &str) -> i64 {
+        match self {
+            Db::Pg(p) => sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(p)
+                .await
+                .unwrap(),
+            Db::Lite(p) => sqlx::query_scalar::<_, i64>(sql)
+                .fetch_one(p)
+                .await
+                .unwrap(),
+        }
+    }
+}
+
+/// The same table the example worker uses, for either database.
+fn outbox(table: &str, pg: bool) -> WorkTable {
+    let now = if pg {
+        "clock_timestamp()"
+    } else {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+    WorkTable::new(table)
+        .unwrap()
+        .eligible(&format!("status = 'pending' AND run_at <= {now}"))
+        .order_by(&["run_at"])
+        .unwrap()
+        .on_claim("attempts = attempts + 1")
+        .on_complete("status = 'done'")
+        .on_fail("run_at", None)
+        .unwrap()
+        .partition_column("partition_no")
+        .unwrap()
+}
+
+/// Creates `table` with `rows` rows through the example's `--setup`.
+fn setup(url: &str, table: &str, rows: u32) {
+    let out = Command::new(worker_bin())
+        .args(["--db", url, "--table", table, "--setup", &rows.to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+async fn postgres(tag: &str, rows: u32) -> (Db, WorkQueue, String) {
+    let url = support::postgres_url();
+    let table = support::unique_table(tag);
+    setup(&url, &table, rows);
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let q = WorkQueue::postgres(pool.clone(), outbox(&table, true));
+    (Db::Pg(pool), q, table)
+}
+
+async fn sqlite(tag: &str, rows: u32) -> (Db, WorkQueue, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("work.db").display());
+    setup(&url, tag, rows);
+    let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+        .unwrap()
+        .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = sqlx::SqlitePool::connect_with(opts).await.unwrap();
+    let q = WorkQueue::sqlite(pool.clone(), outbox(tag, false));
+    (Db::Lite(pool), q, tag.to_string(), dir)
+}
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Claim, complete, fail, release, renew and stale finalizes on one table of 5 rows.
+async fn finalize_semantics(db: &Db, q: &WorkQueue, table: &str) {
+    let first = q.claim(3, LONG).await.unwrap().ids();
+    assert_eq!(first.iter().map(|r| r.0).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert!(
+        first.iter().all(|r| r.1 == first[0].1),
+        "one lock id per claim"
+    );
+    let second = q.claim(10, LONG).await.unwrap().ids();
+    assert_eq!(
+        second.iter().map(|r| r.0).collect::<Vec<_>>(),
+        vec![4, 5],
+        "never the same row twice"
+    );
+    assert!(q.claim(10, LONG).await.unwrap().is_empty());
+    assert_eq!(
+        db.int(&format!(
+            "SELECT CAST(sum(attempts) AS BIGINT) FROM {table}"
+        ))
+        .await,
+        5,
+        "attempts counted at claim"
+    );
+
+    let (id, lock) = (&first[0].0, &first[0].1);
+    assert!(q.complete(*id, lock).await.unwrap());
+    assert!(
+        !q.complete(*id, lock).await.unwrap(),
+        "a second complete finds no lock"
+    );
+    assert!(
+        !q.complete(first[1].0, &second[0].1).await.unwrap(),
+        "another claim's lock id never matches"
+    );
+
+    // fail: retried later, not now.
+    let retry_at = SystemTime::now() + Duration::from_secs(3600);
+    assert!(q.fail(first[1].0, &first[1].1, retry_at).await.unwrap());
+    // release: claimable again at once, the attempt stays counted.
+    assert!(q.release(first[2].0, &first[2].1).await.unwrap());
+    let again = q.claim(10, LONG).await.unwrap().ids();
+    assert_eq!(again.iter().map(|r| r.0).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(
+        db.int(&format!(
+            "SELECT CAST(attempts AS BIGINT) FROM {table} WHERE id = 3"
+        ))
+        .await,
+        2
+    );
+
+    // A lease that runs out: the row is claimable again, and the stale
+    // worker's finalizes return false once another claim took it.
+    assert!(q
+        .renew(again[0].0, &again[0].1, Duration::from_millis(200))
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let taken = q.claim(10, LONG).await.unwrap().ids();
+    assert_eq!(taken.iter().map(|r| r.0).collect::<Vec<_>>(), vec![3]);
+    assert!(
+        !q.complete(again[0].0, &again[0].1).await.unwrap(),
+        "stale complete"
+    );
+    assert!(
+        !q.renew(again[0].0, &again[0].1, LONG).await.unwrap(),
+        "stale renew"
+    );
+    assert!(q.renew(taken[0].0, &taken[0].1, LONG).await.unwrap());
+
+    // Producers are never blocked by a held row: update one, withdraw another.
+    assert_eq!(
+        db.exec(&format!(
+            "UPDATE {table} SET payload = 'edited' WHERE id = 4"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        db.exec(&format!("DELETE FROM {table} WHERE id = 5")).await,
+        1
+    );
+    assert!(
+        q.complete(4, &second[0].1).await.unwrap(),
+        "an edited row still completes"
+    );
+    assert!(
+        !q.complete(5, &second[1].1).await.unwrap(),
+        "a withdrawn row reports false"
+    );
+    assert!(q.complete(3, &taken[0].1).await.unwrap());
+    assert_eq!(
+        db.int(&format!(
+            "SELECT count(*) FROM {table} WHERE status = 'done'"
+        ))
+        .await,
+        3
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizes_match_only_the_claim_that_holds_the_row_on_postgres() {
+    let (db, q, table) = postgres("work_sem", 5).await;
+    finalize_semantics(&db, &q, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizes_match_only_the_claim_that_holds_the_row_on_sqlite() {
+    let (db, q, table, _dir) = sqlite("work_sem", 5).await;
+    finalize_semantics(&db, &q, &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_uses_the_partial_index_over_live_rows_on_postgres() {
+    let (db, q, table) = postgres("work_idx", 100).await;
+    // A long completed history and a few live rows.
+    db.exec(&format!(
+        "INSERT INTO {table} (payload, status) SELECT 'old', 'done' FROM generate_series(1, 50000)"
+    ))
+    .await;
+    db.exec(&format!("ANALYZE {table}")).await;
+    let claim = q
+        .statements()
+        .claim
+        .replace("$1", "20")
+        .replace("$2", "'x'")
+        .replace("$3", "30");
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let plan: Vec<String> = sqlx::query_scalar(&format!("EXPLAIN {claim}"))
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let plan = plan.join("\n");
+    assert!(
+        plan.contains(&format!("{table}_claim")),
+        "the claim does not use the index:\n{plan}"
+    );
+    let ddl = q
+        .claim_index_ddl(&format!("{table}_claim"), "status = 'pending'")
+        .unwrap();
+    assert!(
+        ddl.contains("(run_at, id) WHERE status = 'pending'"),
+        "{ddl}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_of_a_partition_delivers_its_rows_and_the_delivery_moves_with_the_role() {
+    let (db, q, table) = postgres("work_aff", 40).await;
+    db.exec(&format!(
+        "UPDATE {table} SET partition_no = CAST(id % 4 AS INT)"
+    ))
+    .await;
+    let t = LeaseTimings {
+        duration: Duration::from_millis(900),
+        renew_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(200),
+    };
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let a = CoordinatorBuilder::new(store.clone())
+        .instance_name("a")
+        .partition("outbox", 4, t)
+        .start()
+        .unwrap();
+    let pa = a.partition("outbox").unwrap();
+    support::wait_for("a holds every partition", Duration::from_secs(3), || {
+        (0..4).all(|i| pa.role(i).unwrap().is_held())
+    })
+    .await;
+    let b = CoordinatorBuilder::new(store)
+        .instance_name("b")
+        .partition("outbox", 4, t)
+        .start()
+        .unwrap();
+    let pb = b.partition("outbox").unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        q.claim_held(&pb, 50, LONG).await.unwrap().is_empty(),
+        "b holds nothing, claims nothing"
+    );
+    let mine = q.claim_held(&pa, 5, LONG).await.unwrap().ids();
+    assert_eq!(mine.len(), 5);
+    for (id, lock) in &mine {
+        assert!(q.complete(*id, lock).await.unwrap());
+    }
+    // a stops: its roles move to b, and so does the delivery.
+    a.shutdown().await;
+    support::wait_for("b holds every partition", Duration::from_secs(3), || {
+        (0..4).all(|i| pb.role(i).unwrap().is_held())
+    })
+    .await;
+    let rest = q.claim_held(&pb, 100, LONG).await.unwrap().ids();
+    assert_eq!(rest.len(), 35);
+    b.shutdown().await;
+}
+
+/// One worker's JSON-lines log: (event, row id, lock id, ok).
+fn read_log(path: &std::path::Path) -> Vec<(String, i64, String, Option<bool>)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            (
+                v["ev"].as_str().unwrap_or_default().to_string(),
+                v["id"].as_i64().unwrap_or(-1),
+                v["lock"].as_str().unwrap_or_default().to_string(),
+                v["ok"].as_bool(),
+            )
+        })
+        .collect()
+}
+
+fn spawn_worker(url: &str, table: &str, name: &str, log: &std::path::Path) -> Child {
+    Command::new(worker_bin())
+        .args([
+            "--db", url, "--table", table, "--name", name, "--batch", "10",
+        ])
+        .args(["--lease-ms", "800", "--work-ms", "15", "--log"])
+        .arg(log)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn signal(child: &Child, sig: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), &child.id().to_string()])
+        .status();
+}
+
+/// 4 worker processes on 300 rows; one is killed mid-batch, one is paused
+/// past its lease and resumed. Every row is completed exactly once, the
+/// paused worker's late finalizes return false, and rows the killed worker
+/// held were claimed again (attempts counted at claim).
+async fn workers_survive_kill_and_pause(db: &Db, url: &str, table: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let logs: Vec<PathBuf> = (0..4)
+        .map(|i| dir.path().join(format!("w{i}.log")))
+        .collect();
+    let mut workers: Vec<Child> = (0..4)
+        .map(|i| spawn_worker(url, table, &format!("w{i}"), &logs[i]))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    signal(&workers[0], "KILL");
+    let _ = workers[0].wait();
+    signal(&workers[1], "STOP");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    signal(&workers[1], "CONT");
+    let started = Instant::now();
+    while db
+        .int(&format!(
+            "SELECT count(*) FROM {table} WHERE status <> 'done'"
+        ))
+        .await
+        > 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "rows left undelivered"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for w in &mut workers[1..] {
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+    let events: Vec<Vec<_>> = logs.iter().map(|l| read_log(l)).collect();
+    let mut completes: HashMap<i64, usize> = HashMap::new();
+    for e in events.iter().flatten() {
+        if e.0 == "complete" && e.3 == Some(true) {
+            *completes.entry(e.1).or_default() += 1;
+        }
+    }
+    assert_eq!(completes.len(), 300, "every row completed");
+    assert!(
+        completes.values().all(|n| *n == 1),
+        "a row completed twice: {completes:?}"
+    );
+    assert!(
+        events[1].iter().any(|e| e.3 == Some(false)),
+        "the paused worker never learned it lost a row: {:?}",
+        events[1]
+    );
+    let killed_held: Vec<i64> = events[0]
+        .iter()
+        .filter(|e| e.0 == "claim" && !events[0].iter().any(|c| c.0 == "complete" && c.1 == e.1))
+        .map(|e| e.1)
+        .collect();
+    assert!(
+        !killed_held.is_empty(),
+        "the killed worker held no row when killed"
+    );
+    for id in killed_held {
+        let attempts = db
+            .int(&format!(
+                "SELECT CAST(attempts AS BIGINT) FROM {table} WHERE id = {id}"
+            ))
+            .await;
+        assert!(
+            attempts >= 2,
+            "row {id} held by the killed worker has attempts {attempts}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_is_completed_once_while_workers_are_killed_and_paused_on_postgres() {
+    let (db, _q, table) = postgres("work_proc", 300).await;
+    workers_survive_kill_and_pause(&db, &support::postgres_url(), &table).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_is_completed_once_while_workers_are_killed_and_paused_on_sqlite() {
+    let (db, _q, table, dir) = sqlite("outbox", 300).await;
+    let url = format!("sqlite://{}", dir.path().join("work.db").display());
+    workers_survive_kill_and_pause(&db, &url, &table).await;
+}
