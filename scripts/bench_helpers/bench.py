@@ -1053,11 +1053,24 @@ class Bench:
 
     # -- driver ---------------------------------------------------------------
 
+    def section_work(self):
+        """Leased work rows on PostgreSQL: claims/s beside FOR UPDATE SKIP LOCKED,
+        claim latency as the completed history grows (benches/work_rows.rs)."""
+        pg = self.start_pg()
+        out = os.path.join(self.workdir, "work.json")
+        cmd = ["cargo", "bench", "--quiet", "--bench", "work_rows", "--", "--pg", pg["url"], "--json", out]
+        if self.quick:
+            cmd.append("--quick")
+        log("running " + " ".join(cmd[:5]))
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        with open(out) as f:
+            self.results["sections"]["work"] = json.load(f)
+
     def run(self):
         t_all = time.monotonic()
         sections = [("request_path", self.section_request_path), ("sse", self.section_sse),
                     ("handover", self.section_handover), ("store", self.section_store),
-                    ("footprint", self.section_footprint)]
+                    ("footprint", self.section_footprint), ("work", self.section_work)]
         only = set(self.a.only.split(",")) if self.a.only else None
         for name, fn in sections:
             if only and name not in only:
@@ -1138,7 +1151,7 @@ def main():
     ap.add_argument("--openloop", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint")
+    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--rate", type=float, default=None, help="fixed rate for section 1 (default: 40%% of the slowest)")
     ap.add_argument("--streams", type=int, default=None)
@@ -1181,10 +1194,19 @@ def main():
     with open(raw, "w") as f:
         json.dump(b.results, f, indent=1, default=str)
     log("raw results in %s (re-render with --render-only %s)" % (raw, raw))
-    text = report.render(b.results, args)
-    with open(args.out, "w") as f:
-        f.write(text)
-    log("wrote %s (sections took %.0f s)" % (args.out, b.results["total_s"]))
+    # The work-row section lives in a file of its own that the page includes,
+    # so `--only work` refreshes it without rewriting the other sections.
+    if "work" in b.results["sections"]:
+        with open(report.WORK_FILE, "w") as f:
+            f.write(report.render_work(b.results["sections"]["work"], args))
+        log("wrote %s" % report.WORK_FILE)
+    if set((args.only or "").split(",")) == {"work"}:
+        log("--only work: %s left as it is" % args.out)
+    else:
+        text = report.render(b.results, args)
+        with open(args.out, "w") as f:
+            f.write(text)
+        log("wrote %s (sections took %.0f s)" % (args.out, b.results["total_s"]))
     failed = [k for k, v in b.results["sections"].items() if "error" in v or v.get("failed_stores")]
     return 1 if failed else 0
 
