@@ -1,8 +1,9 @@
 //! Work-row benchmark on a real PostgreSQL (run by `scripts/bench --only work`):
 //!
 //! 1. claims per second at batch 20 with 1, 4 and 16 workers, beside the
-//!    `SELECT … FOR UPDATE SKIP LOCKED` pattern on the same table (both
-//!    finalize every row; the work itself is empty, so this is pure overhead);
+//!    `SELECT … FOR UPDATE SKIP LOCKED` pattern on the same table (all
+//!    finalize every row: leased one statement per row, or one `complete_all`
+//!    per claim; the work itself is empty, so this is pure overhead);
 //! 2. claim latency as the completed history grows from 0 to 1,000,000 rows,
 //!    with the partial claim index (and once without it, for contrast).
 //!
@@ -54,8 +55,9 @@ async fn create(pool: &PgPool, name: &str, pending: u64, done: u64, index: bool)
         .unwrap();
 }
 
-/// Rows per second with `workers` leased-row workers draining `rows` rows.
-async fn leased(pool: &PgPool, workers: usize, rows: u64) -> (f64, f64) {
+/// Rows per second with `workers` leased-row workers draining `rows` rows;
+/// `batched`: one `complete_all` per claim instead of one `complete` per row.
+async fn leased(pool: &PgPool, workers: usize, rows: u64, batched: bool) -> (f64, f64) {
     create(pool, "bench_work", rows, 0, true).await;
     let q = WorkQueue::postgres(pool.clone(), table("bench_work"));
     let claims = Arc::new(AtomicU64::new(0));
@@ -71,8 +73,14 @@ async fn leased(pool: &PgPool, workers: usize, rows: u64) -> (f64, f64) {
                     return;
                 }
                 claims.fetch_add(1, Ordering::Relaxed);
-                for (id, lock) in got {
-                    assert!(q.complete(id, &lock).await.unwrap());
+                if batched {
+                    let ids: Vec<i64> = got.iter().map(|r| r.0).collect();
+                    let done = q.complete_all(&ids, &got[0].1).await.unwrap();
+                    assert_eq!(done.len(), ids.len());
+                } else {
+                    for (id, lock) in got {
+                        assert!(q.complete(id, &lock).await.unwrap());
+                    }
                 }
             }
         }));
@@ -185,11 +193,16 @@ async fn main() {
     let rows: u64 = if quick { 4_000 } else { 20_000 };
     let mut throughput = Vec::new();
     for workers in [1usize, 4, 16] {
-        let (lc, lr) = leased(&pool, workers, rows).await;
+        let (lc, lr) = leased(&pool, workers, rows, false).await;
+        let (bc, br) = leased(&pool, workers, rows, true).await;
         let (sc, sr) = skip_locked(&pool, workers, rows).await;
-        eprintln!("workers {workers}: leased {lc:.0} claims/s {lr:.0} rows/s; skip locked {sc:.0} claims/s {sr:.0} rows/s");
+        eprintln!(
+            "workers {workers}: leased {lc:.0} claims/s {lr:.0} rows/s; batched {bc:.0} claims/s {br:.0} rows/s; \
+             skip locked {sc:.0} claims/s {sr:.0} rows/s"
+        );
         throughput.push(serde_json::json!({
             "workers": workers, "leased_claims_s": lc, "leased_rows_s": lr,
+            "batched_claims_s": bc, "batched_rows_s": br,
             "skip_locked_claims_s": sc, "skip_locked_rows_s": sr,
         }));
     }

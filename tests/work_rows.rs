@@ -203,7 +203,11 @@ async fn finalize_semantics(db: &Db, q: &WorkQueue, table: &str) {
         !q.complete(5, &second[1].1).await.unwrap(),
         "a withdrawn row reports false"
     );
-    assert!(q.complete(3, &taken[0].1).await.unwrap());
+    // Several rows of one claim in one statement: only those still carrying
+    // the lock id are completed (4 is done already, 5 is gone).
+    let done = q.complete_all(&[3, 4, 5], &taken[0].1).await.unwrap();
+    assert_eq!(done, vec![3]);
+    assert!(q.complete_all(&[3], &taken[0].1).await.unwrap().is_empty());
     assert_eq!(
         db.int(&format!(
             "SELECT count(*) FROM {table} WHERE status = 'done'"

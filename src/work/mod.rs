@@ -472,6 +472,34 @@ impl WorkQueue {
         self.finalize(&self.sql.complete, id, lock_id, None).await
     }
 
+    /// Completes several rows of one claim in one statement (fast work);
+    /// returns the ids that still carried `lock_id` and are now complete.
+    pub async fn complete_all(&self, ids: &[i64], lock_id: &str) -> Result<Vec<i64>, WorkError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let text = &self.sql.complete_many;
+        Ok(match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                sqlx::query_scalar::<_, i64>(text)
+                    .bind(ids.to_vec())
+                    .bind(lock_id)
+                    .fetch_all(pool)
+                    .await?
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
+                sqlx::query_scalar::<_, i64>(text)
+                    .bind(list)
+                    .bind(lock_id)
+                    .fetch_all(pool)
+                    .await?
+            }
+        })
+    }
+
     /// The work failed: sets the retry column to `retry_at`, applies
     /// `on_fail`'s extra assignments, clears the lock.
     pub async fn fail(

@@ -63,6 +63,9 @@ pub struct Statements {
     pub claim_partitions: String,
     /// Parameters: id, lock id.
     pub complete: String,
+    /// Parameters: ids (an array on PostgreSQL, a JSON array on SQLite), lock
+    /// id. Returns the ids it completed.
+    pub complete_many: String,
     /// Parameters: id, lock id, retry time (Unix ms). `None` without `on_fail`.
     pub fail: Option<String>,
     /// Parameters: id, lock id.
@@ -104,15 +107,22 @@ impl Statements {
             .unwrap_or_default();
         let mine = format!("{id} = {} AND {lock} = {}", d.p(1), d.p(2));
         let unlock = format!("{lock} = NULL, {until} = NULL");
-        let complete = if t.delete_on_complete {
-            format!("DELETE FROM {table} WHERE {mine}")
+        let many = format!("{} AND {lock} = {}", d.in_list(id, 1), d.p(2));
+        let (complete, complete_many) = if t.delete_on_complete {
+            (
+                format!("DELETE FROM {table} WHERE {mine}"),
+                format!("DELETE FROM {table} WHERE {many} RETURNING {id}"),
+            )
         } else {
             let extra = t
                 .on_complete
                 .as_ref()
                 .map(|s| format!(", {s}"))
                 .unwrap_or_default();
-            format!("UPDATE {table} SET {unlock}{extra} WHERE {mine}")
+            (
+                format!("UPDATE {table} SET {unlock}{extra} WHERE {mine}"),
+                format!("UPDATE {table} SET {unlock}{extra} WHERE {many} RETURNING {id}"),
+            )
         };
         let fail = t.retry_column.as_ref().map(|col| {
             let extra = t
@@ -135,6 +145,7 @@ impl Statements {
             claim: claim_with(""),
             claim_partitions: claim_with(&partition_filter),
             complete,
+            complete_many,
             fail,
             release: format!("UPDATE {table} SET {unlock} WHERE {mine}"),
             renew: format!("UPDATE {table} SET {until} = {renew_until} WHERE {mine}"),
