@@ -1146,7 +1146,15 @@ impl Resolver<'_> {
                     format!("`{name}` is not a valid header name"),
                 )
             })?;
-            return Ok(KeySource::Header(name.to_ascii_lowercase()));
+            let lower = name.to_ascii_lowercase();
+            if !crate::proxy::headers::usable_key_header(&lower) {
+                return Err(self.err(
+                    Some(&h.referenced),
+                    &format!("{at}.header"),
+                    format!("`{name}` cannot be a key: the gateway removes or rewrites it (hop-by-hop, forwarding, Host, X-Rolegate-*, or a name with `_`)"),
+                ));
+            }
+            return Ok(KeySource::Header(lower));
         }
         if let Some(q) = &k.query {
             let name = self.text(q, &format!("{at}.query"))?;
@@ -1476,6 +1484,25 @@ mod tests {
         assert!(ok.is_ok(), "case-sensitive prefixes do not collide");
         let e = refused("roles:\n  - name: a\nroutes:\n  - prefixes: [/a;b]\n    role: a\n");
         assert_eq!(e.key, "routes[0].prefixes[0]");
+    }
+
+    #[test]
+    fn key_headers_the_gateway_rewrites_are_refused() {
+        for h in [
+            "Connection",
+            "X-Forwarded-For",
+            "Forwarded",
+            "Host",
+            "X-Rolegate-Token",
+            "X_Device",
+            "TE",
+            "True-Client-IP",
+        ] {
+            let e = refused(&format!(
+                "partitions:\n  - name: p\n    count: 4\nroutes:\n  - prefixes: [/a]\n    partition: p\n    key: {{header: {h}}}\n"
+            ));
+            assert_eq!(e.key, "routes[0].key.header", "{h}");
+        }
     }
 
     #[test]

@@ -131,6 +131,13 @@ impl GatewayState {
             return finish(resp, outcome);
         };
         let forwarded = self.settings.take_hop(&mut req);
+        // Decide on the headers the app will see.
+        let trusted = self.settings.trusts(&req, Some(client));
+        crate::proxy::forward::sanitize_headers(
+            req.headers_mut(),
+            trusted,
+            &self.settings.upgrades,
+        );
         let (resp, outcome) = match target.decide(req.uri(), req.headers(), forwarded) {
             Decision::Local(lease) => {
                 if let Some(log) = &self.events {
@@ -234,17 +241,48 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
         ));
     }
     let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let http11 = req.version() == http::Version::HTTP_11;
     match (hosts.next(), hosts.next()) {
-        (Some(_), Some(_)) => Some(Problem::new(
-            Reason::BadRequest,
-            "the request has more than one Host field",
-        )),
-        (None, _) if req.version() == http::Version::HTTP_11 => Some(Problem::new(
-            Reason::BadRequest,
-            "an HTTP/1.1 request needs a Host field",
-        )),
-        _ => None,
+        (Some(_), Some(_)) => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "the request has more than one Host field",
+            ))
+        }
+        (None, _) if http11 => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "an HTTP/1.1 request needs a Host field",
+            ))
+        }
+        (Some(h), None) if http11 && h.is_empty() => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "an HTTP/1.1 request needs a non-empty Host field",
+            ))
+        }
+        _ => {}
     }
+    // `Connection` may not name the fields that frame or address the request:
+    // stripping them would change what the app sees (its Host above all).
+    let framing = [
+        http::header::HOST,
+        http::header::CONTENT_LENGTH,
+        http::header::TRANSFER_ENCODING,
+    ];
+    let names_framing = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|t| http::HeaderName::from_bytes(t.trim_ascii()).ok())
+        .any(|n| framing.contains(&n));
+    names_framing.then(|| {
+        Problem::new(
+            Reason::BadRequest,
+            "Connection may not name Host, Content-Length or Transfer-Encoding",
+        )
+    })
 }
 
 /// Counts the outcome and tracks the body while it streams.

@@ -82,8 +82,10 @@ pub fn redact_text(text: &str) -> String {
     while let Some(pos) = rest.find("://") {
         // The URL starts at the scheme: back up over [A-Za-z0-9+.-].
         let start = rest[..pos]
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-')))
-            .map_or(0, |i| i + 1);
+            .char_indices()
+            .rev()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-')))
+            .map_or(0, |(i, c)| i + c.len_utf8());
         let end = rest[pos..]
             .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | '<' | '>'))
             .map_or(rest.len(), |i| pos + i);
@@ -118,6 +120,11 @@ mod tests {
             redact_url("http://u@host/p@x"),
             "http://u@host/p@x",
             "no password, and @ in the path is not userinfo"
+        );
+        assert_eq!(
+            redact_text("é://x:y@h"),
+            "é://x:<redacted>@h",
+            "a multi-byte character before :// is kept whole"
         );
         assert_eq!(
             redact_text("bad url `postgres://a:b@h/d?password=c` here"),

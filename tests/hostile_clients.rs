@@ -285,7 +285,7 @@ async fn start_axum(name: &str) -> App {
 fn flask_python() -> String {
     let has_flask = |py: &str| {
         Command::new(py)
-            .args(["-c", "import flask"])
+            .args(["-c", "import flask, gunicorn"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status()
@@ -295,7 +295,7 @@ fn flask_python() -> String {
         if !py.is_empty() {
             assert!(
                 has_flask(&py),
-                "ROLEGATE_TEST_PYTHON={py} cannot `import flask`: run `scripts/test` (it installs Flask into a venv)"
+                "ROLEGATE_TEST_PYTHON={py} cannot `import flask, gunicorn`: run `scripts/test` (it installs both into a venv)"
             );
             return py;
         }
@@ -304,8 +304,9 @@ fn flask_python() -> String {
         return "python3".into();
     }
     panic!(
-        "these tests need Python with Flask: run `scripts/test` (it installs Flask into a venv and \
-         sets ROLEGATE_TEST_PYTHON), or set ROLEGATE_TEST_PYTHON to a python that can `import flask`"
+        "these tests need Python with Flask and gunicorn: run `scripts/test` (it installs both into a \
+         venv and sets ROLEGATE_TEST_PYTHON), or set ROLEGATE_TEST_PYTHON to a python that can \
+         `import flask, gunicorn`"
     )
 }
 
@@ -584,6 +585,23 @@ fn path_attacks() -> Vec<(Expect, String)> {
         (AtHolder, get("/%ff/../maintenance/x")),
         (AtHolder, get("/maintenance%2F..%2Fx")), // some reading stays under /maintenance
         (AtHolder, get("/maintenance#x")),
+        // A format suffix (Rails `(.:format)`, Spring suffix matching) and
+        // Tomcat's order (raw `;params` dropped before decoding) are gated too.
+        (AtHolder, get("/maintenance.json")),
+        (AtHolder, get("/;%2Fx/%6Daintenance/x")),
+        // Encodings servers disagree on are refused.
+        (Gateway(400), get("/%u006daintenance/x")),
+        (Gateway(400), get("/x%C0%AF..%C0%AFmaintenance/x")),
+        // gunicorn strips a SCRIPT_NAME header from the path; the gateway
+        // drops every header with `_`, so the app sees the path as sent.
+        (
+            LocalUngated,
+            format!("GET /x/maintenance/run HTTP/1.1\r\n{h}SCRIPT_NAME: /x\r\n"),
+        ),
+        (
+            LocalUngated,
+            format!("GET /x/maintenance/run HTTP/1.1\r\n{h}X-Original-URL: /maintenance/run\r\n"),
+        ),
         (AtHolder, get("HTTP://gw.test/MAINTENANCE/x")),
         (AtHolder, get("http://gw.test//maintenance/x")),
         (AtHolder, get("http://u@gw.test/maintenance/x")),
@@ -671,6 +689,31 @@ async fn encoded_and_normalized_paths_never_run_gated_handlers_on_a_non_holder_f
         "//maintenance/x",
     ];
     encoded_paths_against(Kind::Flask("werkzeug"), "hc_paths_flask", &direct).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn encoded_paths_and_script_name_never_run_gated_handlers_on_a_non_holder_gunicorn() {
+    encoded_paths_against(
+        Kind::Flask("gunicorn"),
+        "hc_paths_gunicorn",
+        &["/maintenance/x"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gunicorn_really_routes_by_a_script_name_header_without_a_gateway() {
+    // The control for the SCRIPT_NAME attack above: straight to the app from
+    // 127.0.0.1, gunicorn strips the header's value from the path.
+    let app = start_flask("direct", "gunicorn").await;
+    let head = "GET /x/maintenance/run HTTP/1.1\r\nHost: gw.test\r\nSCRIPT_NAME: /x\r\n";
+    let resp = raw_exchange(app.port, &tagged_request(head, "direct-sn")).await;
+    let seen = app.tagged("direct-sn");
+    assert!(
+        seen.len() == 1 && seen[0].route == "maintenance",
+        "gunicorn did not route by SCRIPT_NAME ({}); saw {seen:?}",
+        first_line(&resp)
+    );
 }
 
 /// Client-sent gateway headers, in `-` and `_` spellings, plus forwarding fields.
@@ -1057,7 +1100,12 @@ fn key_refusals(key: &str) -> Vec<(Expect, String)> {
         "GET /device-api?id=benign;id=victim HTTP/1.1\r\nHost: gw.test\r\n".into(),
         "GET /device-api?id=victim;x=1 HTTP/1.1\r\nHost: gw.test\r\n".into(),
         "GET /device-api HTTP/1.1\r\nHost: gw.test\r\n".into(),
-        "GET /device-hdr/x HTTP/1.1\r\nHost: gw.test\r\nX-Device-Id: benign\r\nX_Device_Id: victim\r\n".into(),
+        // PHP and Rack read `id[]` / `[id]` as `id`: a second key in disguise.
+        "GET /device-api?id=benign&id[]=victim HTTP/1.1\r\nHost: gw.test\r\n".into(),
+        "GET /device-api?id=benign&[id]=victim HTTP/1.1\r\nHost: gw.test\r\n".into(),
+        // The key header named in Connection is gone before the decision,
+        // as it is for the app: no key.
+        "GET /device-hdr/x HTTP/1.1\r\nHost: gw.test\r\nX-Device-Id: victim\r\nConnection: X-Device-Id\r\n".into(),
         "GET /device-hdr/x HTTP/1.1\r\nHost: gw.test\r\nX-Device-Id: benign\r\nX-Device-Id: victim\r\n".into(),
         format!("GET /orders/{key};v=1 HTTP/1.1\r\nHost: gw.test\r\n"),
         format!("GET /orders/ord%2F{n} HTTP/1.1\r\nHost: gw.test\r\n"),
@@ -1066,6 +1114,8 @@ fn key_refusals(key: &str) -> Vec<(Expect, String)> {
         format!("GET /orders//{key} HTTP/1.1\r\nHost: gw.test\r\n"),
         format!("GET /orders/x/../{key} HTTP/1.1\r\nHost: gw.test\r\n"),
         format!("GET /orders/%2e/{key} HTTP/1.1\r\nHost: gw.test\r\n"),
+        // Rails' `(.:format)` would read the key as `{key}`.
+        format!("GET /orders/{key}.json HTTP/1.1\r\nHost: gw.test\r\n"),
     ];
     refused
         .into_iter()

@@ -123,6 +123,17 @@ async fn a_slow_upload_is_never_cut_by_the_response_header_timeout() {
         assert!(headers.contains_key("retry-after"));
     }
     assert!(started.elapsed() < Duration::from_secs(4));
+
+    // A GET with a chunked body (which hyper drops unread) still gets the
+    // response-head timeout, on the holder's own path.
+    let started = Instant::now();
+    let answer = raw_exchange(
+        gws[0].port,
+        b"GET /maintenance/slow HTTP/1.1\r\nHost: t\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&answer), 504, "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(4));
 }
 
 /// A body stream over an mpsc receiver.
@@ -365,6 +376,18 @@ async fn host_rules_connect_and_options_star_are_answered_at_the_edge() {
             400,
         ),
         (b"GET /plain HTTP/1.0\r\n\r\n", 201),
+        (
+            b"GET /plain HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: host\r\n\r\n",
+            400,
+        ),
+        (
+            b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: close, Content-Length\r\n\r\n",
+            400,
+        ),
     ] {
         let answer = raw_exchange(gw.port, req).await;
         assert_eq!(

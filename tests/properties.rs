@@ -172,8 +172,15 @@ proptest! {
         }
         let h = HeaderMap::new();
         let seg: Uri = format!("/orders/{enc_path}").parse().unwrap();
-        prop_assert_eq!(KeyExtractor::PathSegmentLast.extract(&seg, &h).unwrap(), key.as_str());
-        prop_assert_eq!(KeyExtractor::PathSegment(2).extract(&seg, &h).unwrap(), key.as_str());
+        if key.contains('.') {
+            // A dot in the last segment is a format suffix to Rails and Spring: refused.
+            prop_assert!(KeyExtractor::PathSegmentLast.extract(&seg, &h).is_err());
+            let mid: Uri = format!("/orders/{enc_path}/items").parse().unwrap();
+            prop_assert_eq!(KeyExtractor::PathSegment(2).extract(&mid, &h).unwrap(), key.as_str());
+        } else {
+            prop_assert_eq!(KeyExtractor::PathSegmentLast.extract(&seg, &h).unwrap(), key.as_str());
+            prop_assert_eq!(KeyExtractor::PathSegment(2).extract(&seg, &h).unwrap(), key.as_str());
+        }
         let q: Uri = format!("/d?%69d={enc_query}&x=1").parse().unwrap();
         prop_assert_eq!(KeyExtractor::query("id").extract(&q, &h).unwrap(), key.as_str());
     }

@@ -7,8 +7,11 @@
 //! does. A reading is the raw path put through some of these steps, in this
 //! order: percent-decode once (every `%XX`, `%2F` and `%5C` included), read `\`
 //! as `/`, drop each segment's `;parameters`, merge repeated slashes, remove
-//! dot segments (RFC 3986 5.2.4). The *canonical* form applies them all; ASCII
-//! case is folded in every reading unless paths are case-sensitive.
+//! dot segments (RFC 3986 5.2.4); or drop the `;parameters` of the raw
+//! segments before decoding (Tomcat's and Spring's order). The *canonical*
+//! form applies the first five; ASCII case is folded in every reading unless
+//! paths are case-sensitive. Encodings some servers decode and others do not
+//! (`%uXXXX`, overlong UTF-8) are refused rather than guessed.
 
 use std::borrow::Cow;
 
@@ -21,6 +24,10 @@ pub enum BadPath {
     /// A decoded byte is NUL or another control character.
     #[error("the path contains a control character once percent-decoded")]
     ControlByte,
+    /// `%uXXXX` (IIS) or overlong UTF-8 (`%C0%AF`): some servers decode these
+    /// to `/` or letters, others do not.
+    #[error("the path uses an encoding servers disagree on (%uXXXX or overlong UTF-8)")]
+    AmbiguousEncoding,
 }
 
 /// One normalization step a framework may or may not apply.
@@ -31,6 +38,8 @@ pub struct Steps {
     pub params: bool,
     pub merge: bool,
     pub dots: bool,
+    /// Drop `;parameters` from the raw segments before decoding.
+    pub raw_params: bool,
 }
 
 impl Steps {
@@ -41,11 +50,12 @@ impl Steps {
         params: true,
         merge: true,
         dots: true,
+        raw_params: false,
     };
 
-    /// All 32 combinations, the canonical form first.
+    /// All 64 combinations, the canonical form first.
     pub fn every() -> impl Iterator<Item = Steps> {
-        (0u8..32).map(|bits| {
+        (0u8..64).map(|bits| {
             let on = |b: u8| bits & b == 0;
             Steps {
                 decode: on(1),
@@ -53,6 +63,7 @@ impl Steps {
                 params: on(4),
                 merge: on(8),
                 dots: on(16),
+                raw_params: !on(32),
             }
         })
     }
@@ -112,13 +123,25 @@ pub fn is_plain(path: &[u8]) -> bool {
 /// One reading of `path` (which starts with `/`): segments after the chosen
 /// steps, joined by `/`, no trailing slash (except `/` itself).
 pub fn reading(path: &[u8], steps: Steps) -> Result<Vec<u8>, BadPath> {
-    let decoded = if steps.decode {
-        percent_decode(path)
+    let path: Cow<'_, [u8]> = if steps.raw_params && path.contains(&b';') {
+        let kept: Vec<&[u8]> = path
+            .split(|b| *b == b'/')
+            .map(|seg| seg.split(|b| *b == b';').next().unwrap_or_default())
+            .collect();
+        Cow::Owned(kept.join(&b'/'))
     } else {
         Cow::Borrowed(path)
     };
+    let decoded = if steps.decode {
+        percent_decode(&path)
+    } else {
+        Cow::Borrowed(&*path)
+    };
     if decoded.iter().any(|b| b.is_ascii_control()) {
         return Err(BadPath::ControlByte);
+    }
+    if steps.decode && has_overlong_utf8(&decoded) {
+        return Err(BadPath::AmbiguousEncoding);
     }
     let mut segments: Vec<&[u8]> = Vec::new();
     let split = |b: &u8| *b == b'/' || (steps.backslash && *b == b'\\');
@@ -156,10 +179,33 @@ pub fn reading(path: &[u8], steps: Steps) -> Result<Vec<u8>, BadPath> {
     Ok(out)
 }
 
+/// Whether decoded bytes hold an overlong UTF-8 sequence (`C0`/`C1` lead
+/// bytes, `E0` followed by `80..9F`, `F0` followed by `80..8F`): lenient
+/// decoders read `%C0%AF` as `/`.
+fn has_overlong_utf8(b: &[u8]) -> bool {
+    b.iter().enumerate().any(|(i, &c)| {
+        let next = b.get(i + 1).copied().unwrap_or(0);
+        c == 0xC0
+            || c == 0xC1
+            || (c == 0xE0 && (0x80..=0x9F).contains(&next))
+            || (c == 0xF0 && (0x80..=0x8F).contains(&next))
+    })
+}
+
+/// Whether the raw path holds an IIS-style `%uXXXX` escape.
+fn has_percent_u(path: &[u8]) -> bool {
+    path.windows(6).any(|w| {
+        w[0] == b'%' && (w[1] == b'u' || w[1] == b'U') && w[2..].iter().all(u8::is_ascii_hexdigit)
+    })
+}
+
 /// The canonical form of a path (every step), case folded when asked.
 pub fn canonical(path: &str, fold_case: bool) -> Result<Vec<u8>, BadPath> {
     if !path.starts_with('/') {
         return Err(BadPath::NotAPath);
+    }
+    if has_percent_u(path.as_bytes()) {
+        return Err(BadPath::AmbiguousEncoding);
     }
     let mut out = reading(path.as_bytes(), Steps::ALL)?;
     if fold_case {
@@ -174,6 +220,9 @@ pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
         return Err(BadPath::NotAPath);
     }
     let bytes = path.as_bytes();
+    if has_percent_u(bytes) {
+        return Err(BadPath::AmbiguousEncoding);
+    }
     let mut out: Vec<Vec<u8>> = Vec::with_capacity(4);
     if is_plain(bytes) {
         out.push(reading(bytes, Steps::ALL)?);
@@ -189,7 +238,9 @@ pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
 }
 
 /// Whether `path` is under `prefix` (canonical, no trailing slash) on a
-/// segment boundary; with `fold_case`, ASCII case is ignored.
+/// segment boundary, or carries a format suffix on the prefix's last segment
+/// (`/maintenance.json`: Rails' `(.:format)` and Spring's suffix matching
+/// route it to `/maintenance`); with `fold_case`, ASCII case is ignored.
 pub fn prefix_matches(prefix: &[u8], path: &[u8], fold_case: bool) -> bool {
     if prefix == b"/" {
         return path.first() == Some(&b'/');
@@ -203,7 +254,7 @@ pub fn prefix_matches(prefix: &[u8], path: &[u8], fold_case: bool) -> bool {
     } else {
         head == prefix
     };
-    same && (rest.is_empty() || rest[0] == b'/')
+    same && (rest.is_empty() || rest[0] == b'/' || (rest[0] == b'.' && !rest.contains(&b'/')))
 }
 
 #[cfg(test)]
@@ -249,6 +300,41 @@ mod tests {
     }
 
     #[test]
+    fn encodings_servers_disagree_on_are_refused() {
+        assert_eq!(
+            canonical("/%u006daintenance", true),
+            Err(BadPath::AmbiguousEncoding)
+        );
+        assert_eq!(
+            readings("/%U006Daintenance").unwrap_err(),
+            BadPath::AmbiguousEncoding
+        );
+        assert_eq!(
+            canonical("/a%C0%AFmaintenance", true),
+            Err(BadPath::AmbiguousEncoding)
+        );
+        assert_eq!(
+            canonical("/a%E0%80%AFb", true),
+            Err(BadPath::AmbiguousEncoding)
+        );
+        assert!(
+            canonical("/%E2%82%AC", true).is_ok(),
+            "a real three-byte character"
+        );
+        assert!(canonical("/%uzzzz", true).is_ok(), "not an escape");
+    }
+
+    #[test]
+    fn tomcat_order_drops_raw_params_before_decoding() {
+        let r: Vec<String> = readings("/;%2Fx/%6Daintenance/run")
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8(r).unwrap())
+            .collect();
+        assert!(r.contains(&"/maintenance/run".to_string()), "{r:?}");
+    }
+
+    #[test]
     fn plain_paths_have_one_reading() {
         assert!(is_plain(b"/a/b/c"));
         assert!(is_plain(b"/a/b/"));
@@ -285,6 +371,11 @@ mod tests {
         assert!(prefix_matches(b"/orders", b"/ORDERS/7", true));
         assert!(!prefix_matches(b"/orders", b"/ORDERS/7", false));
         assert!(!prefix_matches(b"/orders", b"/ordersx", true));
+        assert!(
+            prefix_matches(b"/orders", b"/orders.json", true),
+            "format suffix"
+        );
+        assert!(!prefix_matches(b"/orders", b"/orders.v2/x", true));
         assert!(!prefix_matches(b"/orders", b"/order", true));
         assert!(prefix_matches(b"/", b"/anything", true));
     }

@@ -263,6 +263,14 @@ impl WatchedBody {
     }
 }
 
+impl Drop for WatchedBody {
+    // A body dropped unread (a GET whose body hyper discards) has ended as far
+    // as the response-head timeout is concerned.
+    fn drop(&mut self) {
+        self.watch.end(false);
+    }
+}
+
 impl http_body::Body for WatchedBody {
     type Data = bytes::Bytes;
     type Error = axum::Error;
@@ -271,7 +279,13 @@ impl http_body::Body for WatchedBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
+        // Request trailers are headers too: the same fields are removed.
+        if let Poll::Ready(Some(Ok(frame))) = &mut polled {
+            if let Some(trailers) = frame.trailers_mut() {
+                strip_untrusted_forwarding(trailers);
+            }
+        }
         match &polled {
             Poll::Ready(None) => self.watch.end(false),
             Poll::Ready(Some(Err(_))) => self.watch.end(true),
@@ -303,6 +317,22 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Removes what the client may not send on: client-sent rolegate fields,
+/// names with `_` and URL-rewrite fields, the forwarding fields unless
+/// `trusted`, hop-by-hop fields (an allowed upgrade kept). Runs **before**
+/// the gate decides, so the decision reads the headers the app will see (a
+/// key header named in `Connection` is gone for both), and again when the
+/// request is prepared (it is idempotent).
+pub fn sanitize_headers(headers: &mut http::HeaderMap, trusted: bool, upgrades: &[String]) {
+    if trusted {
+        strip_rolegate(headers);
+    } else {
+        strip_untrusted_forwarding(headers);
+    }
+    let upgrade = is_upgrade_request(headers) && upgrade_allowed(headers, upgrades);
+    strip_hop_by_hop(headers, upgrade);
+}
+
 /// Who a request is being prepared for, and what the gateway knows of it.
 #[derive(Debug, Clone, Copy)]
 pub struct HopContext<'a> {
@@ -324,13 +354,7 @@ pub struct HopContext<'a> {
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.
 pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
     let headers = req.headers_mut();
-    if hop.trusted {
-        strip_rolegate(headers);
-    } else {
-        strip_untrusted_forwarding(headers);
-    }
-    let upgrade = is_upgrade_request(headers) && upgrade_allowed(headers, hop.upgrades);
-    strip_hop_by_hop(headers, upgrade);
+    sanitize_headers(headers, hop.trusted, hop.upgrades);
     add_forwarding(headers, hop.client, hop.by, "http", hop.to_peer);
     // HTTP/1.0 clients may send no Host; the URI authority fills it later.
     if let Some(h) = headers.get(header::HOST) {

@@ -63,22 +63,52 @@ pub fn same_when_underscored(a: &str, b: &str) -> bool {
 /// URL-rewrite fields, removed from every request.
 const REWRITE_FIELDS: &[&str] = &["x-original-url", "x-rewrite-url", "x-original-uri"];
 
-/// Whether `name` is set only by gateways and proxies: `X-Rolegate-*`, the
-/// forwarding fields, or any of them spelled with `_` for `-`.
+/// Client-address and mount-point fields that apps and libraries read as if
+/// a proxy had set them; replaced like the forwarding fields.
+const CLIENT_VIEW_FIELDS: &[&str] = &[
+    "forwarded",
+    "x-forwarded",
+    "x-real-ip",
+    "x-client-ip",
+    "client-ip",
+    "true-client-ip",
+    "cf-connecting-ip",
+    "fastly-client-ip",
+    "x-cluster-client-ip",
+    "x-script-name",
+];
+
+/// Whether a request field is removed at the edge: any name with `_` (CGI
+/// and WSGI servers merge `_` and `-`, and gunicorn takes `SCRIPT_NAME` from
+/// a header; nginx drops them by default too), `X-Rolegate-*` (only gateways
+/// set them), URL-rewrite fields, and, `with_forwarding`, the fields that
+/// describe the client and the proxy chain. Names are lowercase.
 fn is_gateway_field(name: &str, with_forwarding: bool) -> bool {
-    let dashed = |s: &str| -> String { s.replace('_', "-").to_ascii_lowercase() };
-    let n = if name.contains('_') {
-        dashed(name)
-    } else {
-        name.to_owned()
-    };
-    // Rewrite headers some frameworks route by (Symfony, IIS): an app that
-    // honoured a client's `X-Original-URL` would run a path the gate never saw.
-    if n.starts_with("x-rolegate-") || REWRITE_FIELDS.contains(&n.as_str()) {
+    if name.contains('_') || name.starts_with("x-rolegate-") || REWRITE_FIELDS.contains(&name) {
         return true;
     }
-    let forwarding = n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip";
-    forwarding && (with_forwarding || name.contains('_'))
+    with_forwarding && (name.starts_with("x-forwarded-") || CLIENT_VIEW_FIELDS.contains(&name))
+}
+
+/// Whether a header can carry a partition key: not one the gateway removes
+/// or rewrites before the app sees it (lowercase name).
+pub fn usable_key_header(name: &str) -> bool {
+    const REWRITTEN: &[&str] = &[
+        "host",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "http2-settings",
+        "via",
+    ];
+    !is_gateway_field(name, true) && !REWRITTEN.contains(&name)
 }
 
 /// Whether a request asks for a protocol upgrade (WebSocket and friends).
@@ -169,28 +199,26 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Removes every client-sent `X-Rolegate-*` field and every `_` look-alike
-/// of it or of a forwarding field: only gateways set them.
+/// Removes every client-sent `X-Rolegate-*` field, every field with `_` in
+/// its name and the URL-rewrite fields.
 pub fn strip_rolegate(headers: &mut HeaderMap) {
     strip_fields(headers, false);
 }
 
-/// Removes what `strip_rolegate` does plus the forwarding fields themselves
-/// (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`): for a client whose view of
-/// the chain is not trusted.
+/// Removes what `strip_rolegate` does plus the fields that describe the
+/// client and the proxy chain (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`,
+/// `X-Client-IP`, `True-Client-IP`, …): for a client whose view of the chain
+/// is not trusted.
 pub fn strip_untrusted_forwarding(headers: &mut HeaderMap) {
     strip_fields(headers, true);
 }
 
 fn strip_fields(headers: &mut HeaderMap, with_forwarding: bool) {
-    // Fast path: nothing to do for the usual request.
-    if !headers.keys().any(|k| {
-        let n = k.as_str();
-        n.contains('_')
-            || n.starts_with("x-rolegate-")
-            || (with_forwarding
-                && (n.starts_with("x-forwarded-") || n == "forwarded" || n == "x-real-ip"))
-    }) {
+    // One pass with no allocation for the usual request.
+    if !headers
+        .keys()
+        .any(|k| is_gateway_field(k.as_str(), with_forwarding))
+    {
         return;
     }
     let names: Vec<HeaderName> = headers
@@ -373,34 +401,38 @@ mod tests {
             ("X-Rolegate-Token", "99"),
             ("x-other", "1"),
             ("x_other_thing", "1"),
+            ("x-original-url", "/maintenance/x"),
         ]);
         strip_rolegate(&mut h);
-        assert_eq!(h.len(), 2);
+        assert_eq!(
+            h.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+            vec!["x-other"]
+        );
     }
 
     #[test]
-    fn underscore_look_alikes_of_gateway_fields_are_removed() {
+    fn underscore_names_and_client_view_fields_are_removed() {
         let mut h = map(&[
             ("x_rolegate_role", "maintenance"),
             ("X_Rolegate_Token", "999"),
             ("x-rolegate_hop", "gw"),
             ("x_forwarded_for", "10.9.9.9"),
-            ("X_Forwarded_Proto", "https"),
-            ("x_real_ip", "10.9.9.9"),
+            ("script_name", "/x"),
+            ("x_custom", "dropped too"),
             ("x-forwarded-for", "10.0.0.1"),
-            ("x_custom", "kept"),
+            ("true-client-ip", "6.6.6.6"),
+            ("x-script-name", "/x"),
             ("x-original-url", "/maintenance/x"),
-            ("X_Rewrite_URL", "/maintenance/x"),
         ]);
         strip_rolegate(&mut h);
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
-        assert_eq!(left, vec!["x-forwarded-for", "x_custom"]);
-        strip_untrusted_forwarding(&mut h);
         assert_eq!(
-            h.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
-            vec!["x_custom"]
+            left,
+            vec!["true-client-ip", "x-forwarded-for", "x-script-name"]
         );
+        strip_untrusted_forwarding(&mut h);
+        assert!(h.is_empty(), "{h:?}");
     }
 
     #[test]

@@ -86,16 +86,14 @@ impl KeyExtractor {
             }
             KeyExtractor::PathSegment(n) => {
                 let segments = path_segments(uri.path())?;
-                let raw = segments
-                    .get(n.saturating_sub(1))
-                    .copied()
-                    .ok_or(KeyError::Missing)?;
-                decode_utf8(raw, false)?
+                let i = n.saturating_sub(1);
+                let raw = segments.get(i).copied().ok_or(KeyError::Missing)?;
+                segment_key(raw, i + 1 == segments.len())?
             }
             KeyExtractor::PathSegmentLast => {
                 let segments = path_segments(uri.path())?;
                 let raw = segments.last().copied().ok_or(KeyError::Missing)?;
-                decode_utf8(raw, false)?
+                segment_key(raw, true)?
             }
             KeyExtractor::Custom(f) => Cow::Owned(f(uri, headers).ok_or(KeyError::Missing)?),
         };
@@ -152,6 +150,11 @@ fn query_key<'a>(
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         let k = decode_utf8(k, true).unwrap_or(Cow::Borrowed(k));
         if !k.eq_ignore_ascii_case(name) {
+            // PHP and Rack rewrite some names into this one (`id[]`, `[id]`,
+            // ` id`, `device.id` for `device_id`): a second key in disguise.
+            if fold_param_name(&k) == fold_param_name(name) {
+                return Err(KeyError::Duplicate);
+            }
             continue;
         }
         if found.is_some() {
@@ -160,6 +163,32 @@ fn query_key<'a>(
         found = Some(decode_utf8(v, true)?);
     }
     Ok(found)
+}
+
+/// A query parameter name as lenient parsers read it: leading spaces and
+/// brackets dropped, cut at NUL or the first bracket (`id[]` is `id`), `.`
+/// and space read as `_` (PHP), ASCII case folded.
+fn fold_param_name(name: &str) -> String {
+    let name = name.split('\0').next().unwrap_or_default();
+    let name = name.trim_start_matches([' ', '[', ']']);
+    let name = name.split(['[', ']']).next().unwrap_or_default();
+    name.chars()
+        .map(|c| match c {
+            '.' | ' ' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect()
+}
+
+/// A path-segment key, decoded. A dot in the path's last segment is refused:
+/// Rails' `(.:format)` and Spring's suffix matching would read
+/// `/orders/victim.json` as key `victim`.
+fn segment_key(raw: &str, last: bool) -> Result<Cow<'_, str>, KeyError> {
+    let key = decode_utf8(raw, false)?;
+    if last && key.contains('.') {
+        return Err(KeyError::Ambiguous);
+    }
+    Ok(key)
 }
 
 /// The raw segments of a path whose every reading agrees on its segments:
@@ -311,6 +340,35 @@ mod tests {
         }
         let seg = KeyExtractor::PathSegment(2);
         assert_eq!(key(&seg, "/x/../orders/42", &h), Err(KeyError::Ambiguous));
+        // A format suffix on the last segment (Rails, Spring) hides the key.
+        assert_eq!(
+            key(&last, "/orders/victim.json", &h),
+            Err(KeyError::Ambiguous)
+        );
+        assert_eq!(
+            key(&seg, "/orders/victim.json", &h),
+            Err(KeyError::Ambiguous)
+        );
+        assert_eq!(
+            key(&seg, "/orders/a.b/items", &h).as_deref(),
+            Ok("a.b"),
+            "not the last segment"
+        );
+        // Names PHP and Rack rewrite into the key's name.
+        for q in [
+            "/a?id=benign&id[]=victim",
+            "/a?id=benign&[id]=victim",
+            "/a?id=benign&+id=victim",
+            "/a?id=benign&id%00=victim",
+        ] {
+            assert_eq!(key(&id, q, &h), Err(KeyError::Duplicate), "{q}");
+        }
+        let dev = KeyExtractor::query("device_id");
+        assert_eq!(
+            key(&dev, "/a?device_id=a&device.id=b", &h),
+            Err(KeyError::Duplicate)
+        );
+        assert_eq!(key(&id, "/a?idx=1&id=2", &h).as_deref(), Ok("2"));
 
         let dev = KeyExtractor::header("X-Device-Id").unwrap();
         let mut two = HeaderMap::new();

@@ -268,6 +268,8 @@ where
                 }
             };
             let forwarded = gate.settings.take_hop(&mut req);
+            // Decide on the headers the inner service will see.
+            super::forward::sanitize_headers(req.headers_mut(), true, &gate.settings.upgrades);
             match target.decide(req.uri(), req.headers(), forwarded) {
                 Decision::Local(lease) => {
                     strip_rolegate(req.headers_mut());

@@ -1,7 +1,7 @@
 """A small Flask app for tests/hostile_clients.rs: an app as frameworks ship
 it, with a real decoding router, put behind a rolegate gateway and attacked.
 
-    python flask_app.py PORT LOGFILE NAME [werkzeug|wsgiref]
+    python flask_app.py PORT LOGFILE NAME [werkzeug|wsgiref|gunicorn]
 
 Every handler appends one JSON line to LOGFILE before it answers 200: the
 route that ran, its decoded params, the X-Rolegate-Role/-Token headers as
@@ -14,6 +14,9 @@ carries `X-App: NAME`, so a test can tell which instance answered.
 header spelled `X_Rolegate_Role` into HTTP_X_ROLEGATE_ROLE exactly as it does
 `X-Rolegate-Role` (CGI-style servers merge `_` and `-`), which Werkzeug 3
 no longer does: the underscore look-alike attack needs a server that merges.
+`gunicorn` is gunicorn with its defaults (one worker, threads): it takes a
+`SCRIPT_NAME` header from 127.0.0.1 (its default `forwarded_allow_ips`,
+where a sidecar gateway connects from) and strips it from PATH_INFO.
 """
 
 import json
@@ -116,10 +119,29 @@ def serve_werkzeug():
     make_server("127.0.0.1", PORT, app, threaded=True).serve_forever()
 
 
+def serve_gunicorn():
+    from gunicorn.app.base import BaseApplication
+
+    class Server(BaseApplication):
+        def load_config(self):
+            self.cfg.set("bind", f"127.0.0.1:{PORT}")
+            self.cfg.set("workers", 1)
+            self.cfg.set("threads", 8)
+            self.cfg.set("worker_class", "gthread")
+            self.cfg.set("loglevel", "warning")
+
+        def load(self):
+            return app
+
+    Server().run()
+
+
 if __name__ == "__main__":
     if SERVER == "wsgiref":
         serve_wsgiref()
     elif SERVER == "werkzeug":
         serve_werkzeug()
+    elif SERVER == "gunicorn":
+        serve_gunicorn()
     else:
-        sys.exit(f"unknown server {SERVER!r}: werkzeug or wsgiref")
+        sys.exit(f"unknown server {SERVER!r}: werkzeug, wsgiref or gunicorn")
