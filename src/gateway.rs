@@ -447,19 +447,53 @@ impl AcceptBackoff {
     }
 
     pub(crate) async fn failed(&mut self, e: &std::io::Error) {
-        let now = std::time::Instant::now();
+        if let Some(suppressed) = self.record(std::time::Instant::now()) {
+            tracing::warn!(error = %e, suppressed, "accept failed; backing off");
+        }
+        tokio::time::sleep(self.delay).await;
+    }
+
+    /// Counts one failure at `now` and grows the pause; `Some(hidden)` when
+    /// this one is logged (at most once a second), with how many were not.
+    fn record(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.delay = (self.delay * 2).clamp(Duration::from_millis(10), Duration::from_millis(500));
         if self
             .last_log
             .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
         {
-            tracing::warn!(error = %e, suppressed = self.hidden, "accept failed; backing off");
             self.last_log = Some(now);
-            self.hidden = 0;
+            Some(std::mem::take(&mut self.hidden))
         } else {
             self.hidden += 1;
+            None
         }
-        self.delay = (self.delay * 2).clamp(Duration::from_millis(10), Duration::from_millis(500));
-        tokio::time::sleep(self.delay).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_are_logged_once_a_second_and_back_off() {
+        let mut b = AcceptBackoff::default();
+        let t0 = std::time::Instant::now();
+        let logged: Vec<Option<u64>> = (0..1000)
+            .map(|i| b.record(t0 + Duration::from_millis(i)))
+            .collect();
+        assert_eq!(logged.iter().filter(|l| l.is_some()).count(), 1);
+        assert_eq!(b.delay, Duration::from_millis(500), "capped");
+        assert_eq!(
+            b.record(t0 + Duration::from_millis(1000)),
+            Some(999),
+            "the count of hidden ones"
+        );
+        b.reset();
+        assert_eq!(b.delay, Duration::ZERO);
+        assert_eq!(connection_cap(10_000, Some(256)), 96);
+        assert_eq!(connection_cap(50, Some(256)), 50);
+        assert_eq!(connection_cap(10_000, None), 10_000);
+        assert_eq!(connection_cap(10_000, Some(10)), 1);
     }
 }
 

@@ -267,6 +267,35 @@ async fn the_admin_listener_answers_while_the_public_listener_is_full() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_closes_a_client_that_never_finishes_its_head() {
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &ClusterSpec::postgres("lim_admin_slow"), &app).await;
+    let mut s = TcpStream::connect(("127.0.0.1", gw.admin_port))
+        .await
+        .unwrap();
+    s.write_all(b"GET /readyz HTTP/1.1\r\nHost: a\r\n")
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    let closed = tokio::time::timeout(Duration::from_secs(20), s.read(&mut buf)).await;
+    assert!(
+        closed.is_ok(),
+        "the admin listener kept a half-sent head open for 20 s"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Meanwhile, and after, /readyz answers.
+    let (status, _, _) = cluster::get(&format!("{}/readyz", gw.admin_url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_soft_open_files_limit_is_raised_to_the_hard_limit_at_start() {
     let mut spec = ClusterSpec::postgres("lim_nofile");
     spec.ulimit = Some("-S -n 256".into());
