@@ -470,33 +470,6 @@ impl AcceptBackoff {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accept_errors_are_logged_once_a_second_and_back_off() {
-        let mut b = AcceptBackoff::default();
-        let t0 = std::time::Instant::now();
-        let logged: Vec<Option<u64>> = (0..1000)
-            .map(|i| b.record(t0 + Duration::from_millis(i)))
-            .collect();
-        assert_eq!(logged.iter().filter(|l| l.is_some()).count(), 1);
-        assert_eq!(b.delay, Duration::from_millis(500), "capped");
-        assert_eq!(
-            b.record(t0 + Duration::from_millis(1000)),
-            Some(999),
-            "the count of hidden ones"
-        );
-        b.reset();
-        assert_eq!(b.delay, Duration::ZERO);
-        assert_eq!(connection_cap(10_000, Some(256)), 96);
-        assert_eq!(connection_cap(50, Some(256)), 50);
-        assert_eq!(connection_cap(10_000, None), 10_000);
-        assert_eq!(connection_cap(10_000, Some(10)), 1);
-    }
-}
-
 /// Raises the soft open-files limit to the hard limit; returns the soft limit
 /// now in force (`None`: unlimited or unknown).
 pub fn raise_nofile_limit() -> Option<u64> {
@@ -793,5 +766,32 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_errors_are_logged_once_a_second_and_back_off() {
+        let mut b = AcceptBackoff::default();
+        let t0 = std::time::Instant::now();
+        let logged: Vec<Option<u64>> = (0..1000)
+            .map(|i| b.record(t0 + Duration::from_millis(i)))
+            .collect();
+        assert_eq!(logged.iter().filter(|l| l.is_some()).count(), 1);
+        assert_eq!(b.delay, Duration::from_millis(500), "capped");
+        assert_eq!(
+            b.record(t0 + Duration::from_millis(1000)),
+            Some(999),
+            "the count of hidden ones"
+        );
+        b.reset();
+        assert_eq!(b.delay, Duration::ZERO);
+        assert_eq!(connection_cap(10_000, Some(256)), 96);
+        assert_eq!(connection_cap(50, Some(256)), 50);
+        assert_eq!(connection_cap(10_000, None), 10_000);
+        assert_eq!(connection_cap(10_000, Some(10)), 1);
     }
 }
