@@ -27,8 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use http::{HeaderMap, StatusCode, Uri};
-use support::cluster::{self, ClusterSpec, GatewayProcess};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::cluster::{self, raw_exchange, status_of, ClusterSpec, GatewayProcess};
 
 /// `/maintenance` is a role route; `/orders` (2nd path segment), `/device-api`
 /// (query `id`) and `/device-hdr` (header `X-Device-Id`) are partition routes.
@@ -419,24 +418,6 @@ fn tail(s: &str, n: usize) -> String {
 // ---------------------------------------------------------------------------
 // Raw HTTP
 // ---------------------------------------------------------------------------
-
-/// Writes `request` as is and reads until the peer closes (or 5 s pass).
-async fn raw_exchange(port: u16, request: &[u8]) -> String {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let _ = s.write_all(request).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn status_of(resp: &str) -> u16 {
-    resp.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
-}
 
 /// A header of the first response head.
 fn header_of(resp: &str, name: &str) -> Option<String> {

@@ -89,19 +89,25 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
     (coordinator, port)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
+/// App `a` (holding every role) and app `b` (knowing `a` holds `reports`).
+async fn two_apps() -> ((Coordinator, u16), (Coordinator, u16)) {
     let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
     let (a, pa) = app(store.clone(), "a").await;
     support::wait_for("a holds reports", Duration::from_secs(3), || {
         a.role("reports").unwrap().is_held()
     })
     .await;
-    let (b, pb) = app(store.clone(), "b").await;
+    let (b, pb) = app(store, "b").await;
     support::wait_for("b knows the holder", Duration::from_secs(3), || {
         b.role("reports").unwrap().current_holder().is_some()
     })
     .await;
+    ((a, pa), (b, pb))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
+    let ((a, pa), (b, pb)) = two_apps().await;
     let token = a.role("reports").unwrap().guard().unwrap().token;
     for port in [pa, pb] {
         let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{port}/reports/run"))
@@ -168,17 +174,7 @@ async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layers_gate_every_encoding_of_a_prefix_and_key_like_the_gateway() {
-    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
-    let (a, _pa) = app(store.clone(), "a").await;
-    support::wait_for("a holds reports", Duration::from_secs(3), || {
-        a.role("reports").unwrap().is_held()
-    })
-    .await;
-    let (b, pb) = app(store.clone(), "b").await;
-    support::wait_for("b knows the holder", Duration::from_secs(3), || {
-        b.role("reports").unwrap().current_holder().is_some()
-    })
-    .await;
+    let ((a, _pa), (b, pb)) = two_apps().await;
     let token = a.role("reports").unwrap().guard().unwrap().token;
     // axum's router would not match these itself; the layer gates them, so
     // they run at the holder (its fallback handler), never on b.

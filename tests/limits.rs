@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, StatusCode};
-use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
+use support::cluster::{self, raw_exchange, status_of, ClusterSpec, GatewayProcess, TestApp};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -44,22 +44,6 @@ async fn pair(spec: ClusterSpec) -> (Vec<TestApp>, Vec<GatewayProcess>) {
     )
     .await;
     (apps, gws)
-}
-
-/// Sends raw bytes and reads the answer until the peer closes (or 5 s).
-async fn raw_exchange(port: u16, request: &[u8]) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let _ = s.write_all(request).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn status_of(resp: &str) -> u16 {
-    resp.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 async fn instance_id(gw: &GatewayProcess) -> String {

@@ -10,8 +10,7 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use support::cluster::{self, raw_exchange, status_of, ClusterSpec, GatewayProcess, TestApp};
 
 struct Cluster {
     apps: Vec<TestApp>,
@@ -578,23 +577,6 @@ async fn peer_and_upstream_connections_are_reused_across_sequential_requests() {
         upstream <= 2,
         "expected pooled upstream connections, saw {upstream}"
     );
-}
-
-async fn raw_exchange(port: u16, request: &[u8]) -> String {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .unwrap();
-    let _ = s.write_all(request).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
-    String::from_utf8_lossy(&buf).into_owned()
-}
-
-fn status_of(resp: &str) -> u16 {
-    resp.split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -195,6 +195,27 @@ pub struct Claimed<R> {
     pub row: R,
 }
 
+/// The claim's rows, each with its id and the claim's lock id.
+fn claimed<R: sqlx::Row>(
+    rows: Vec<R>,
+    id_col: &str,
+    lock: &Arc<str>,
+) -> Result<Vec<Claimed<R>>, WorkError>
+where
+    for<'c> &'c str: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    rows.into_iter()
+        .map(|row| {
+            Ok(Claimed {
+                id: row.try_get::<i64, _>(id_col)?,
+                lock_id: lock.clone(),
+                row,
+            })
+        })
+        .collect()
+}
+
 /// A fresh random lock id (128 bits, hex).
 fn new_lock_id() -> Arc<str> {
     let bytes: [u8; 16] = rand::random();
@@ -393,7 +414,6 @@ impl WorkQueue {
         match &self.pool {
             #[cfg(feature = "postgres")]
             WorkPool::Postgres(pool) => {
-                use sqlx::Row;
                 let mut q = sqlx::query(text)
                     .bind(i64::from(batch))
                     .bind(lock.as_ref())
@@ -402,19 +422,10 @@ impl WorkQueue {
                     q = q.bind(p);
                 }
                 let rows = q.fetch_all(pool).await?;
-                let mut out = Vec::with_capacity(rows.len());
-                for row in rows {
-                    out.push(Claimed {
-                        id: row.try_get::<i64, _>(id_col)?,
-                        lock_id: lock.clone(),
-                        row,
-                    });
-                }
-                Ok(ClaimedRows::Postgres(out))
+                Ok(ClaimedRows::Postgres(claimed(rows, id_col, &lock)?))
             }
             #[cfg(feature = "sqlite")]
             WorkPool::Sqlite(pool) => {
-                use sqlx::Row;
                 let mut q = sqlx::query(text)
                     .bind(i64::from(batch))
                     .bind(lock.as_ref())
@@ -423,15 +434,7 @@ impl WorkQueue {
                     q = q.bind(serde_json::to_string(&p).unwrap_or_else(|_| "[]".into()));
                 }
                 let rows = q.fetch_all(pool).await?;
-                let mut out = Vec::with_capacity(rows.len());
-                for row in rows {
-                    out.push(Claimed {
-                        id: row.try_get::<i64, _>(id_col)?,
-                        lock_id: lock.clone(),
-                        row,
-                    });
-                }
-                Ok(ClaimedRows::Sqlite(out))
+                Ok(ClaimedRows::Sqlite(claimed(rows, id_col, &lock)?))
             }
         }
     }

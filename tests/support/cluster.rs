@@ -694,3 +694,23 @@ pub async fn wait_holder(gws: &[GatewayProcess], role: &str) -> usize {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Writes `request` as is and reads until the peer closes (or 5 s pass).
+pub async fn raw_exchange(port: u16, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let _ = s.write_all(request).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+/// The status code of a raw response (0 when there is none).
+pub fn status_of(resp: &str) -> u16 {
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
