@@ -91,8 +91,11 @@ pub fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
 pub fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -244,10 +247,17 @@ pub fn resolve(
         Err(code) => return code,
     };
     let Some(p) = config.partitions.iter().find(|p| p.name == partition) else {
-        eprintln!(
-            "error: partition `{partition}` is not declared in {}",
-            path.display()
-        );
+        if config.roles.iter().any(|r| r.name == partition) {
+            eprintln!(
+                "error: `{partition}` is a role, not a partition, in {}: only partitions are chosen by a key",
+                path.display()
+            );
+        } else {
+            eprintln!(
+                "error: partition `{partition}` is not declared in {}",
+                path.display()
+            );
+        }
         return ExitCode::from(EXIT_CONFIG);
     };
     let index = crate::lease::partition_index(scope, key, p.count);

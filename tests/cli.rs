@@ -132,6 +132,17 @@ fn resolve_prints_the_partition_role_of_a_key() {
     assert_eq!(stdout(&o).trim(), "actors:partition-12");
     let o = rolegate(&["resolve", "nope", "k", "--config", s(&p)]);
     assert_eq!(code(&o), 2);
+    let p = temp_config(
+        "resolve_role",
+        "roles:\n  - name: maintenance\npartitions:\n  - name: devices\n    count: 4\n",
+    );
+    let o = rolegate(&["resolve", "maintenance", "x", "--config", s(&p)]);
+    assert_eq!(code(&o), 2);
+    assert!(
+        stderr(&o).contains("is a role, not a partition"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

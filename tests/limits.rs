@@ -505,4 +505,5 @@ async fn problem_bodies_name_no_internal_address_or_library_error() {
         gw.log().contains(&closed.to_string()),
         "the log keeps the detail"
     );
+    assert!(!gw.log().contains('\u{1b}'), "colour codes in a log file");
 }
