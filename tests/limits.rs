@@ -507,3 +507,37 @@ async fn problem_bodies_name_no_internal_address_or_library_error() {
     );
     assert!(!gw.log().contains('\u{1b}'), "colour codes in a log file");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_1_0_answer_from_the_app_is_relayed_as_http_1_1() {
+    // An app that answers every request in HTTP/1.0 and closes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app_port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nold-1")
+                    .await;
+            });
+        }
+    });
+    let spec = ClusterSpec::postgres("lim_http10");
+    let gw = GatewayProcess::start_on(
+        0,
+        &spec,
+        app_port,
+        support::free_port(),
+        support::free_port(),
+    )
+    .await;
+    let answer = raw_exchange(
+        gw.port,
+        b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("old-1"), "{answer}");
+}

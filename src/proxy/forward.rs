@@ -212,6 +212,8 @@ impl Forwarder {
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
         }
+        // The client talks HTTP/1.1 to this gateway, whatever the app spoke.
+        *resp.version_mut() = http::Version::HTTP_11;
         Ok(resp.map(Body::new))
     }
 }
