@@ -956,7 +956,8 @@ impl Resolver<'_> {
                         format!("prefix `{s}` is `{normal}` once canonicalized, already claimed by routes[{prev}]"),
                     ));
                 }
-                prefixes.push(normal);
+                // Kept as written: the route table canonicalizes it (once).
+                prefixes.push(s);
             }
             let target = match (&r.role, &r.partition) {
                 (Some(_), Some(p)) => {
@@ -1503,6 +1504,26 @@ mod tests {
             ));
             assert_eq!(e.key, "routes[0].key.header", "{h}");
         }
+    }
+
+    #[test]
+    fn prefixes_are_decoded_once_not_twice() {
+        let c = parse("roles:\n  - name: a\nroutes:\n  - prefixes: [/%2541dmin]\n    role: a\n")
+            .unwrap();
+        let mut t = crate::proxy::routes::RouteTable::new(true);
+        t.add(&c.routes[0].prefixes, "a");
+        assert_eq!(
+            t.find("/%2541dmin"),
+            Ok(Some(&"a")),
+            "the path the prefix describes"
+        );
+        assert_eq!(t.find("/admin"), Ok(None), "not a second decoding of it");
+        // Dot segments hidden behind an encoded `%` stay literal, never dropped.
+        let c = parse("roles:\n  - name: a\nroutes:\n  - prefixes: [/%252e%252e/x]\n    role: a\n")
+            .unwrap();
+        let mut t = crate::proxy::routes::RouteTable::new(true);
+        t.add(&c.routes[0].prefixes, "a");
+        assert_eq!(t.find("/%252e%252e/x"), Ok(Some(&"a")));
     }
 
     #[test]

@@ -143,6 +143,11 @@ pub fn reading(path: &[u8], steps: Steps) -> Result<Vec<u8>, BadPath> {
     if steps.decode && has_overlong_utf8(&decoded) {
         return Err(BadPath::AmbiguousEncoding);
     }
+    // `\` and `;` together: servers differ in which they handle first
+    // (`/\;\x/maintenance`), and no ordinary path needs both.
+    if decoded.contains(&b'\\') && decoded.contains(&b';') {
+        return Err(BadPath::AmbiguousEncoding);
+    }
     let mut segments: Vec<&[u8]> = Vec::new();
     let split = |b: &u8| *b == b'/' || (steps.backslash && *b == b'\\');
     // The first byte is a separator, so the first piece is always empty.
@@ -322,6 +327,10 @@ mod tests {
             "a real three-byte character"
         );
         assert!(canonical("/%uzzzz", true).is_ok(), "not an escape");
+        assert_eq!(
+            readings("/%5c%3b\\c/maintenance").unwrap_err(),
+            BadPath::AmbiguousEncoding
+        );
     }
 
     #[test]

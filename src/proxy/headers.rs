@@ -120,6 +120,13 @@ pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
 /// (names compared without version, ignoring ASCII case). `h2c` is never
 /// allowed: a tunnel would carry requests past the gate.
 pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
+    // One `Upgrade` field only: the hop-by-hop strip keeps a single field, so
+    // a second (or a blank first) one would make the gate approve what it
+    // does not forward.
+    let mut fields = headers.get_all(header::UPGRADE).iter();
+    if fields.next().is_some() && fields.next().is_some() {
+        return false;
+    }
     let mut any = false;
     for value in headers.get_all(header::UPGRADE) {
         for proto in value.as_bytes().split(|b| *b == b',') {
@@ -451,6 +458,12 @@ mod tests {
         ));
         assert!(!upgrade_allowed(&map(&[("upgrade", "TLS/1.2")]), &allowed));
         assert!(!upgrade_allowed(&HeaderMap::new(), &allowed));
+        let blank_first = map(&[("upgrade", ""), ("upgrade", "websocket")]);
+        assert!(
+            !upgrade_allowed(&blank_first, &allowed),
+            "two Upgrade fields"
+        );
+        assert!(!upgrade_allowed(&map(&[("upgrade", " ")]), &allowed));
         let mut h = map(&[
             ("connection", "Upgrade, HTTP2-Settings"),
             ("upgrade", "h2c"),

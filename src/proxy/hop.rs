@@ -81,19 +81,21 @@ impl HopSigner {
         let Some(key) = &self.key else {
             return true;
         };
-        let Ok(text) = value.to_str() else {
+        // UTF-8, not only visible ASCII: `marker` signs any origin.
+        let Ok(text) = std::str::from_utf8(value.as_bytes()) else {
             return false;
         };
-        let mut parts = text.split(';');
+        // `<origin>;t=<ts>;sig=<hex>`, read from the end: the origin may hold `;`.
+        let mut parts = text.rsplitn(3, ';');
+        let sig = parts
+            .next()
+            .and_then(|p| p.strip_prefix("sig="))
+            .and_then(|v| hex::decode(v).ok());
+        let ts = parts
+            .next()
+            .and_then(|p| p.strip_prefix("t="))
+            .and_then(|v| v.parse::<u64>().ok());
         let origin = parts.next().unwrap_or_default();
-        let (mut ts, mut sig) = (None, None);
-        for p in parts {
-            if let Some(v) = p.strip_prefix("t=") {
-                ts = v.parse::<u64>().ok();
-            } else if let Some(v) = p.strip_prefix("sig=") {
-                sig = hex::decode(v).ok();
-            }
-        }
         let (Some(ts), Some(sig)) = (ts, sig) else {
             return false;
         };
@@ -128,6 +130,16 @@ mod tests {
             )
         );
         assert!(!s.verify(&HeaderValue::from_str(&stale).unwrap(), "GET", "/a"));
+    }
+
+    #[test]
+    fn an_origin_with_semicolons_verifies() {
+        let s = HopSigner::new(Some("0123456789abcdef"));
+        let m = s.marker("gw;1;t=2", "GET", "/a").unwrap();
+        assert!(s.verify(&m, "GET", "/a"));
+        let m = s.marker("gw-é", "GET", "/a").unwrap();
+        assert!(s.verify(&m, "GET", "/a"), "a non-ASCII origin");
+        assert!(!s.verify(&m, "GET", "/b"));
     }
 
     #[test]
