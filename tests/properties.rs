@@ -7,6 +7,7 @@
 use axum::body::Body;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use proptest::prelude::*;
+use rolegate::proxy::canonical::BadPath;
 use rolegate::proxy::forward::{prepare_headers, HopContext};
 use rolegate::proxy::routes::{RouteError, RouteTable};
 use rolegate::proxy::KeyExtractor;
@@ -142,7 +143,9 @@ proptest! {
         }
         match table().find(&path) {
             Ok(Some(t)) => prop_assert_eq!(*t, "maintenance", "{} (from {})", path, plain),
-            Err(RouteError::Ambiguous) => {}
+            // Refused with 400: readings under two routes, or an encoding
+            // servers disagree on (`;` and `\` together).
+            Err(RouteError::Ambiguous | RouteError::BadPath(BadPath::AmbiguousEncoding)) => {}
             other => prop_assert!(false, "{path} (from {plain}) -> {other:?}"),
         }
     }
