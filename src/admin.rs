@@ -228,16 +228,16 @@ pub async fn serve(
 ) {
     let app = router(coordinator, metrics);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
-    let mut accept_errors = crate::gateway::AcceptBackoff::default();
+    let mut accept_errors = crate::listener::AcceptBackoff::default();
     loop {
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => s,
-            _ = crate::gateway::stopped(&mut stop) => return,
+            _ = crate::listener::stopped(&mut stop) => return,
         };
         let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = crate::gateway::stopped(&mut stop) => return,
+            _ = crate::listener::stopped(&mut stop) => return,
         };
         let stream = match accepted {
             Ok((stream, _)) => {
@@ -255,10 +255,8 @@ pub async fn serve(
             let _slot = slot;
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(
-                    crate::gateway::HEADER_READ_TIMEOUT.min(std::time::Duration::from_secs(10)),
-                )
-                .max_buf_size(crate::gateway::MAX_HEAD_BYTES)
+                .header_read_timeout(crate::listener::ADMIN_HEADER_READ_TIMEOUT)
+                .max_buf_size(crate::listener::MAX_HEAD_BYTES)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
             tokio::pin!(conn);
             let idle = std::time::Duration::from_secs(60);
@@ -268,7 +266,7 @@ pub async fn serve(
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
-                _ = crate::gateway::stopped(&mut stop) => {
+                _ = crate::listener::stopped(&mut stop) => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }

@@ -9,6 +9,7 @@ pub mod events;
 pub mod gateway;
 pub mod identity;
 pub mod lease;
+pub mod listener;
 pub mod proxy;
 pub mod redact;
 pub mod store;
