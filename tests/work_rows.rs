@@ -170,8 +170,20 @@ async fn finalize_semantics(db: &Db, q: &WorkQueue, table: &str) {
         .renew(again[0].0, &again[0].1, Duration::from_millis(200))
         .await
         .unwrap());
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let taken = q.claim(10, LONG).await.unwrap().ids();
+    assert!(
+        q.claim(10, LONG).await.unwrap().is_empty(),
+        "held until its lease runs out"
+    );
+    let mut taken = Vec::new();
+    let started = Instant::now();
+    while taken.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the lapsed row was never claimable"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        taken = q.claim(10, LONG).await.unwrap().ids();
+    }
     assert_eq!(taken.iter().map(|r| r.0).collect::<Vec<_>>(), vec![3]);
     assert!(
         !q.complete(again[0].0, &again[0].1).await.unwrap(),
@@ -292,7 +304,12 @@ async fn only_the_holder_of_a_partition_delivers_its_rows_and_the_delivery_moves
         .start()
         .unwrap();
     let pb = b.partition("outbox").unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    support::wait_for(
+        "b sees a hold every partition",
+        Duration::from_secs(3),
+        || (0..4).all(|i| pb.role(i).unwrap().current_holder().is_some()),
+    )
+    .await;
     assert!(
         q.claim_held(&pb, 50, LONG).await.unwrap().is_empty(),
         "b holds nothing, claims nothing"
@@ -452,7 +469,16 @@ async fn workers_survive_kill_and_pause(db: &Db, url: &str, table: &str) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Let the live workers log their last finalizes (their logs show no
+    // claimed row left unfinalized), then stop them.
+    let started = Instant::now();
+    while logs[1..].iter().any(|l| !held_rows(l).is_empty()) {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a live worker never finalized its rows"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for w in &mut workers[1..] {
         let _ = w.kill();
         let _ = w.wait();

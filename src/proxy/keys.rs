@@ -125,6 +125,8 @@ fn header_key<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Cow<'a, s
     if values.next().is_some() {
         return Err(KeyError::Duplicate);
     }
+    // The gateway and the layers drop every `_` name before deciding; this
+    // keeps `extract` safe for a library user who calls it on raw headers.
     if name.as_str().contains('-')
         && headers
             .keys()
