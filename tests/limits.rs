@@ -410,6 +410,12 @@ async fn host_rules_connect_and_options_star_are_answered_at_the_edge() {
             String::from_utf8_lossy(req)
         );
     }
+    // HTTP/2 with prior knowledge: the public listener speaks HTTP/1.1 only,
+    // so the preface never reaches the app as a request.
+    let mut h2 = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    h2.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // an empty SETTINGS frame
+    let answer = raw_exchange(gw.port, &h2).await;
+    assert!(!(200..300).contains(&status_of(&answer)), "{answer}");
     assert!(
         app.executed_paths().iter().all(|p| p == "/plain"),
         "{:?}",
