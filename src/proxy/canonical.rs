@@ -233,9 +233,12 @@ pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
         out.push(reading(bytes, Steps::ALL)?);
         return Ok(out);
     }
+    // Deduplicated by hash, not by comparing with every earlier reading: a
+    // 64 KiB path must cost 64 readings, not 64² comparisons of 64 KiB.
+    let mut seen = std::collections::HashSet::with_capacity(64);
     for steps in Steps::every() {
         let r = reading(bytes, steps)?;
-        if !out.contains(&r) {
+        if seen.insert(r.clone()) {
             out.push(r);
         }
     }
