@@ -261,6 +261,6 @@ pub fn resolve(
         return ExitCode::from(EXIT_CONFIG);
     };
     let index = crate::lease::partition_index(scope, key, p.count);
-    println!("{}", crate::lease::partition_role_name(partition, index));
+    println!("{}", crate::role::partition_role_name(partition, index));
     ExitCode::SUCCESS
 }

@@ -20,7 +20,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::cli::{EXIT_CONFIG, EXIT_RUNTIME};
 use crate::config::{Config, RouteTarget};
-use crate::lease::{Coordinator, CoordinatorBuilder};
+use crate::lease::Coordinator;
 use crate::listener::{
     connection_cap, raise_nofile_limit, stopped, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS,
     MAX_HEAD_BYTES,
@@ -527,7 +527,7 @@ async fn run_config(
             });
         }
     }
-    let mut builder = CoordinatorBuilder::from_config(&config, store).advertise(advertise.clone());
+    let mut builder = config.coordinator(store).advertise(advertise.clone());
     if let Some(log) = &events {
         let log = log.clone();
         builder = builder.on_lease_event(move |e| log.lease(&e));

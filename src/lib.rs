@@ -12,6 +12,7 @@ pub mod lease;
 pub mod listener;
 pub mod proxy;
 pub mod redact;
+pub mod role;
 pub mod store;
 pub mod telemetry;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]

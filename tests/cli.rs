@@ -207,7 +207,8 @@ async fn migrate_and_status_work_against_postgres() {
     // A real holder, through the library against the same table.
     let config = rolegate::Config::load(&p).unwrap();
     let store = rolegate::store::open(&config.store).await.unwrap();
-    let c = rolegate::CoordinatorBuilder::from_config(&config, store)
+    let c = config
+        .coordinator(store)
         .advertise("http://127.0.0.1:9")
         .start()
         .unwrap();

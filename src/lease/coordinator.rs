@@ -4,125 +4,69 @@
 //! `RolePartition`, `Coordinator::snapshot`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arc_swap::ArcSwap;
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 
-use super::partition::{partition_index, partition_role_name, PartitionResolution};
+use super::heartbeat::HeartbeatLoop;
+use super::partition::{partition_index, PartitionResolution};
 use super::snapshot::{HolderSnapshot, RoleState};
-use super::{validate_role_name, HeldLease, PartitionSpec, RoleNameError, RoleSpec};
-use crate::config::LeaseTimings;
+use super::state::{IntervalHook, LeaseState, PartitionMeta, Registry, RoleMeta};
+use super::timings::{TimingsError, MAX_DURATION};
+use super::{HeldLease, LeaseEvent, LeaseTimings, PartitionSpec, RoleSpec};
+use crate::role::{RoleName, RoleNameError, MAX_PARTITION_COUNT};
 use crate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
 
-/// Longest lease duration accepted, so deadline arithmetic never overflows.
-pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
-
+/// Why a coordinator could not start, or a one-shot lease failed.
 #[derive(Debug, thiserror::Error)]
 pub enum CoordinatorError {
+    /// A role or partition name breaks the naming rule.
     #[error(transparent)]
     RoleName(#[from] RoleNameError),
+    /// The same role (or partition) was registered twice.
     #[error("role `{0}` is registered twice")]
     DuplicateRole(String),
+    /// A partition count outside 1..=65536.
     #[error("partition `{0}` has count {1}; it must be between 1 and 65536")]
     PartitionCount(String, u32),
-    #[error("role `{role}`: {message}")]
-    Timings { role: String, message: String },
+    /// A role's timings break the timing rule.
+    #[error("role `{role}`: {source}")]
+    Timings {
+        /// The role.
+        role: String,
+        /// The broken rule.
+        #[source]
+        source: TimingsError,
+    },
+    /// Nothing was registered.
     #[error("no roles or partitions registered")]
     Empty,
+    /// The store failed (one-shot leases only; the loop retries on its own).
     #[error(transparent)]
     Store(#[from] StoreError),
 }
 
-/// The edges of the intervals in which this instance believes it holds a role.
-/// `Began` is emitted just before readers can see the term, `Ended` just after
-/// they can no longer; `at` is on the monotonic clock.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseEvent {
-    Began {
-        instance: Arc<str>,
-        role: Arc<str>,
-        token: u64,
-        at: Instant,
-        /// Local trust deadline at the start; later renewals extend it.
-        until: Instant,
-    },
-    /// The term was renewed: belief now lasts until `until`.
-    Renewed {
-        instance: Arc<str>,
-        role: Arc<str>,
-        token: u64,
-        until: Instant,
-    },
-    Ended {
-        instance: Arc<str>,
-        role: Arc<str>,
-        token: u64,
-        at: Instant,
-    },
-}
-
-pub(super) type IntervalHook = Arc<dyn Fn(LeaseEvent) + Send + Sync>;
-
 /// Counters of store work, for tests, metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoordinatorStats {
+    /// Heartbeat ticks run.
     pub ticks: u64,
+    /// Batched claim calls made.
     pub claim_calls: u64,
+    /// Batched snapshot calls made.
     pub snapshot_calls: u64,
+    /// Batched release calls made.
     pub release_calls: u64,
+    /// Store calls that failed or timed out.
     pub store_errors: u64,
+    /// Claim answers that came back too late to trust.
     pub late_responses: u64,
+    /// New terms this instance began.
     pub term_changes: u64,
     /// Most store calls made by one tick, after the first (registration) tick.
     pub max_calls_per_tick: u64,
-}
-
-#[derive(Default)]
-pub(super) struct Counters {
-    pub(super) ticks: AtomicU64,
-    pub(super) claim_calls: AtomicU64,
-    pub(super) snapshot_calls: AtomicU64,
-    pub(super) release_calls: AtomicU64,
-    pub(super) store_errors: AtomicU64,
-    pub(super) late_responses: AtomicU64,
-    pub(super) term_changes: AtomicU64,
-    pub(super) max_calls_per_tick: AtomicU64,
-}
-
-pub(super) struct RoleMeta {
-    pub(super) name: Arc<str>,
-    pub(super) timings: LeaseTimings,
-}
-
-struct PartitionMeta {
-    count: u32,
-    first: usize,
-}
-
-pub(super) struct Shared {
-    pub(super) instance: InstanceInfo,
-    pub(super) instance_id: Arc<str>,
-    pub(super) store: Arc<dyn LeaseStore>,
-    pub(super) roles: Vec<RoleMeta>,
-    pub(super) names: Vec<String>,
-    pub(super) index: HashMap<Arc<str>, usize>,
-    partitions: HashMap<String, PartitionMeta>,
-    pub(super) snapshot: ArcSwap<HolderSnapshot>,
-    pub(super) draining: AtomicBool,
-    pub(super) candidate: AtomicBool,
-    pub(super) stopping: AtomicBool,
-    pub(super) wake: Notify,
-    pub(super) published: watch::Sender<u64>,
-    pub(super) counters: Counters,
-    pub(super) hook: Option<IntervalHook>,
-    pub(super) task: Mutex<Option<JoinHandle<()>>>,
-    /// Shortest renew interval and shortest trust window among all roles.
-    pub(super) tick_every: Duration,
-    pub(super) op_timeout: Duration,
 }
 
 /// Why [`Coordinator::readiness`] says no.
@@ -133,7 +77,12 @@ pub enum NotReady {
     NoSnapshot,
     /// The last successful store round trip is too old to trust any lease.
     #[error("the last successful lease store round trip was {since:.1?} ago (limit {window:?}, duration - safety_margin)")]
-    StoreStale { since: Duration, window: Duration },
+    StoreStale {
+        /// Time since that round trip was sent.
+        since: Duration,
+        /// The trust window it is judged against.
+        window: Duration,
+    },
 }
 
 /// Builds a [`Coordinator`]: who this instance is, its roles and partitions, its store.
@@ -141,12 +90,13 @@ pub struct CoordinatorBuilder {
     store: Arc<dyn LeaseStore>,
     name: Option<String>,
     address: String,
-    roles: Vec<RoleSpec>,
-    partitions: Vec<PartitionSpec>,
+    roles: Vec<(String, LeaseTimings)>,
+    partitions: Vec<(String, u32, LeaseTimings)>,
     hook: Option<IntervalHook>,
 }
 
 impl CoordinatorBuilder {
+    /// A builder for an instance using `store`, with no roles yet.
     pub fn new(store: Arc<dyn LeaseStore>) -> Self {
         Self {
             store,
@@ -156,15 +106,6 @@ impl CoordinatorBuilder {
             partitions: Vec::new(),
             hook: None,
         }
-    }
-
-    /// Roles and partitions of a config (its instance name too).
-    pub fn from_config(config: &crate::config::Config, store: Arc<dyn LeaseStore>) -> Self {
-        let mut b = Self::new(store);
-        b.name = config.instance.name.clone();
-        b.roles = config.role_specs();
-        b.partitions = config.partition_specs();
-        b
     }
 
     /// The instance name; a random suffix is always added. Default: hostname.
@@ -179,20 +120,27 @@ impl CoordinatorBuilder {
         self
     }
 
+    /// Registers a role; its name is checked by [`start`](Self::start).
     pub fn role(mut self, name: impl Into<String>, timings: LeaseTimings) -> Self {
-        self.roles.push(RoleSpec {
-            name: name.into(),
-            timings,
-        });
+        self.roles.push((name.into(), timings));
         self
     }
 
+    /// Registers a partition of `count` roles named `{name}:partition-{i}`.
     pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
-        self.partitions.push(PartitionSpec {
-            name: name.into(),
-            count,
-            timings,
-        });
+        self.partitions.push((name.into(), count, timings));
+        self
+    }
+
+    /// Registers every role and partition of a spec list (what
+    /// `Config::coordinator` passes).
+    pub fn specs(mut self, roles: &[RoleSpec], partitions: &[PartitionSpec]) -> Self {
+        for r in roles {
+            self = self.role(r.name.as_str(), r.timings);
+        }
+        for p in partitions {
+            self = self.partition(p.name.as_str(), p.count, p.timings);
+        }
         self
     }
 
@@ -207,147 +155,105 @@ impl CoordinatorBuilder {
     /// current tokio runtime. Store problems do not fail this: the loop keeps
     /// retrying and the snapshot reports them.
     pub fn start(self) -> Result<Coordinator, CoordinatorError> {
-        let mut roles = Vec::new();
-        let mut index = HashMap::new();
-        let mut partitions = HashMap::new();
-        let mut push = |name: String, timings: LeaseTimings, roles: &mut Vec<RoleMeta>| {
-            validate_role_name(&name)?;
-            timings
-                .check()
-                .map_err(|message| CoordinatorError::Timings {
-                    role: name.clone(),
-                    message,
-                })?;
-            let name: Arc<str> = name.into();
-            if index.insert(name.clone(), roles.len()).is_some() {
-                return Err(CoordinatorError::DuplicateRole(name.to_string()));
-            }
-            roles.push(RoleMeta { name, timings });
-            Ok(())
-        };
-        for r in self.roles {
-            push(r.name, r.timings, &mut roles)?;
-        }
-        for p in self.partitions {
-            if p.count == 0 || p.count > 65_536 {
-                return Err(CoordinatorError::PartitionCount(p.name, p.count));
-            }
-            let first = roles.len();
-            for i in 0..p.count {
-                push(partition_role_name(&p.name, i), p.timings, &mut roles)?;
-            }
-            if partitions
-                .insert(
-                    p.name.clone(),
-                    PartitionMeta {
-                        count: p.count,
-                        first,
-                    },
-                )
-                .is_some()
-            {
-                return Err(CoordinatorError::DuplicateRole(p.name));
-            }
-        }
-        if roles.is_empty() {
-            return Err(CoordinatorError::Empty);
-        }
+        let registry = register(self.roles, self.partitions)?;
         let id = crate::identity::instance_id(self.name.as_deref());
-        let tick_every = roles
-            .iter()
-            .map(|r| r.timings.renew_interval)
-            .min()
-            .unwrap_or_default();
-        let op_timeout = roles
-            .iter()
-            .map(|r| r.timings.duration - r.timings.safety_margin)
-            .min()
-            .unwrap_or_default();
-        let now = Instant::now();
-        let initial = HolderSnapshot {
-            roles: roles
-                .iter()
-                .map(|r| RoleState {
-                    name: r.name.clone(),
-                    ..RoleState::default()
-                })
-                .collect(),
-            published_at: now,
-            loaded: false,
-            store_ok: false,
-            last_ok_sent: None,
-            candidate: true,
-            draining: false,
+        let instance = InstanceInfo {
+            id,
+            address: self.address,
         };
-        let shared = Arc::new(Shared {
-            instance_id: id.clone().into(),
-            instance: InstanceInfo {
-                id,
-                address: self.address,
-            },
-            store: self.store,
-            names: roles.iter().map(|r| r.name.to_string()).collect(),
-            roles,
-            index,
-            partitions,
-            snapshot: ArcSwap::from_pointee(initial),
-            draining: AtomicBool::new(false),
-            candidate: AtomicBool::new(true),
-            stopping: AtomicBool::new(false),
-            wake: Notify::new(),
-            published: watch::channel(0).0,
-            counters: Counters::default(),
-            hook: self.hook,
-            task: Mutex::new(None),
-            tick_every,
-            op_timeout,
-        });
-        let task = tokio::spawn(super::heartbeat::HeartbeatLoop::new(shared.clone()).run());
-        *lock(&shared.task) = Some(task);
+        let shared = Arc::new(LeaseState::new(instance, self.store, registry, self.hook));
+        shared.set_task(tokio::spawn(HeartbeatLoop::new(shared.clone()).run()));
         Ok(Coordinator { shared })
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Checks every name, timing and count once, and lays the roles out in
+/// order: declared roles first, then each partition's roles in a block.
+fn register(
+    roles: Vec<(String, LeaseTimings)>,
+    partitions: Vec<(String, u32, LeaseTimings)>,
+) -> Result<Registry, CoordinatorError> {
+    let mut registry = Registry {
+        roles: Vec::new(),
+        index: HashMap::new(),
+        partitions: HashMap::new(),
+    };
+    let push = |name: RoleName, timings: LeaseTimings, registry: &mut Registry| {
+        timings
+            .check()
+            .map_err(|source| CoordinatorError::Timings {
+                role: name.to_string(),
+                source,
+            })?;
+        if registry
+            .index
+            .insert(name.as_arc().clone(), registry.roles.len())
+            .is_some()
+        {
+            return Err(CoordinatorError::DuplicateRole(name.to_string()));
+        }
+        registry.roles.push(RoleMeta { name, timings });
+        Ok(())
+    };
+    for (name, timings) in roles {
+        push(RoleName::new(&name)?, timings, &mut registry)?;
+    }
+    for (name, count, timings) in partitions {
+        RoleName::new(&name)?;
+        if count == 0 || count > MAX_PARTITION_COUNT {
+            return Err(CoordinatorError::PartitionCount(name, count));
+        }
+        let first = registry.roles.len();
+        for i in 0..count {
+            push(RoleName::partition(&name, i)?, timings, &mut registry)?;
+        }
+        let meta = PartitionMeta { count, first };
+        if registry.partitions.insert(name.clone(), meta).is_some() {
+            return Err(CoordinatorError::DuplicateRole(name));
+        }
+    }
+    if registry.roles.is_empty() {
+        return Err(CoordinatorError::Empty);
+    }
+    Ok(registry)
 }
 
 /// Handle to the process's lease coordinator. Cheap to clone.
 #[derive(Clone)]
 pub struct Coordinator {
-    shared: Arc<Shared>,
+    shared: Arc<LeaseState>,
 }
 
 impl std::fmt::Debug for Coordinator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Coordinator")
-            .field("instance", &self.shared.instance.id)
-            .field("roles", &self.shared.roles.len())
+            .field("instance", &self.shared.instance().id)
+            .field("roles", &self.shared.role_count())
             .finish()
     }
 }
 
 impl Coordinator {
     pub fn instance_id(&self) -> &str {
-        &self.shared.instance.id
+        &self.shared.instance().id
     }
 
     pub fn advertise_address(&self) -> &str {
-        &self.shared.instance.address
+        &self.shared.instance().address
     }
 
     pub fn store_kind(&self) -> &'static str {
-        self.shared.store.kind()
+        self.shared.store().kind()
     }
 
     /// The latest published snapshot (lock-free).
     pub fn snapshot(&self) -> Arc<HolderSnapshot> {
-        self.shared.snapshot.load_full()
+        self.shared.snapshot_full()
     }
 
     /// A handle for one role, or `None` if it is not registered.
     pub fn role(&self, name: &str) -> Option<RoleLease> {
-        let idx = *self.shared.index.get(name)?;
+        let idx = self.shared.index_of(name)?;
         Some(RoleLease {
             shared: self.shared.clone(),
             idx,
@@ -356,7 +262,7 @@ impl Coordinator {
 
     /// A handle for one partition, or `None` if it is not registered.
     pub fn partition(&self, name: &str) -> Option<RolePartition> {
-        let meta = self.shared.partitions.get(name)?;
+        let meta = self.shared.partition(name)?;
         Some(RolePartition {
             shared: self.shared.clone(),
             name: name.into(),
@@ -366,8 +272,8 @@ impl Coordinator {
     }
 
     /// Every registered role name, partition roles included, in order.
-    pub fn role_names(&self) -> &[String] {
-        &self.shared.names
+    pub fn role_names(&self) -> &[RoleName] {
+        self.shared.names()
     }
 
     /// True once a snapshot from the store is published and the last store
@@ -380,11 +286,11 @@ impl Coordinator {
 
     /// Why this instance is not ready, judged now.
     pub fn readiness(&self) -> Result<(), NotReady> {
-        let s = self.shared.snapshot.load();
+        let s = self.shared.snapshot();
         if !s.loaded {
             return Err(NotReady::NoSnapshot);
         }
-        let window = self.shared.op_timeout;
+        let window = self.shared.op_timeout();
         match s.last_ok_sent {
             Some(t) if t.elapsed() < window => Ok(()),
             Some(t) => Err(NotReady::StoreStale {
@@ -397,11 +303,11 @@ impl Coordinator {
 
     /// Resolves when a snapshot newer than the current one is published.
     pub fn subscribe_published(&self) -> watch::Receiver<u64> {
-        self.shared.published.subscribe()
+        self.shared.subscribe_published()
     }
 
     pub fn stats(&self) -> CoordinatorStats {
-        let c = &self.shared.counters;
+        let c = &self.shared.counters();
         CoordinatorStats {
             ticks: c.ticks.load(Ordering::Relaxed),
             claim_calls: c.claim_calls.load(Ordering::Relaxed),
@@ -416,34 +322,31 @@ impl Coordinator {
 
     /// Whether this instance contends for roles.
     pub fn is_candidate(&self) -> bool {
-        self.shared.candidate.load(Ordering::Acquire)
+        self.shared.is_candidate()
     }
 
     /// Stop (false) or resume (true) contending. Stopping releases held roles
     /// at once so a healthy instance takes over.
     pub fn set_candidate(&self, candidate: bool) {
-        if self.shared.candidate.swap(candidate, Ordering::AcqRel) != candidate {
-            self.shared.wake.notify_one();
-        }
+        self.shared.set_candidate(candidate);
     }
 
     /// Stops admitting new local work: `is_held` answers false from now on,
     /// while the loop keeps renewing so in-flight work stays covered.
     pub fn begin_drain(&self) {
-        self.shared.draining.store(true, Ordering::Release);
+        self.shared.begin_drain();
     }
 
     pub fn is_draining(&self) -> bool {
-        self.shared.draining.load(Ordering::Acquire)
+        self.shared.is_draining()
     }
 
     /// Graceful stop: ends local belief, releases every held role in one store
     /// call (so a waiting instance takes over at once), and stops the loop.
     pub async fn shutdown(&self) {
         self.begin_drain();
-        self.shared.stopping.store(true, Ordering::Release);
-        self.shared.wake.notify_one();
-        let task = lock(&self.shared.task).take();
+        self.shared.request_stop();
+        let task = self.shared.take_task();
         if let Some(task) = task {
             let _ = task.await;
         }
@@ -452,7 +355,7 @@ impl Coordinator {
     /// Stops the loop without releasing anything, as a crash would. Local
     /// belief still ends at each term's deadline.
     pub fn abort(&self) {
-        if let Some(task) = lock(&self.shared.task).take() {
+        if let Some(task) = self.shared.take_task() {
             task.abort();
         }
     }
@@ -466,25 +369,25 @@ impl Coordinator {
         role: &str,
         ttl: Duration,
     ) -> Result<Option<OneShotLease>, CoordinatorError> {
-        validate_role_name(role)?;
-        if self.shared.index.contains_key(role) {
+        let name = RoleName::new(role)?;
+        if self.shared.index_of(role).is_some() {
             return Err(CoordinatorError::DuplicateRole(role.to_string()));
         }
         let ttl = ttl.clamp(Duration::from_millis(10), MAX_DURATION);
-        let store = &self.shared.store;
+        let store = &self.shared.store();
         let limit = ttl / 2;
         let timed_out =
             || CoordinatorError::Store(StoreError::Unavailable("one-shot claim timed out".into()));
-        tokio::time::timeout(limit, store.register(&[role.to_string()]))
+        tokio::time::timeout(limit, store.register(std::slice::from_ref(&name)))
             .await
             .map_err(|_| timed_out())??;
         let t_sent = Instant::now();
         let claims = [Claim {
-            role: role.to_string(),
+            role: name,
             held_token: None,
             duration: ttl,
         }];
-        let grants = tokio::time::timeout(limit, store.claim(&self.shared.instance, &claims))
+        let grants = tokio::time::timeout(limit, store.claim(self.shared.instance(), &claims))
             .await
             .map_err(|_| timed_out())??;
         Ok(grants.into_iter().next().and_then(|g| {
@@ -504,10 +407,10 @@ impl Coordinator {
     pub async fn release(&self, lease: OneShotLease) -> Result<bool, CoordinatorError> {
         let released = self
             .shared
-            .store
+            .store()
             .release(
-                &self.shared.instance,
-                &[(lease.lease.role.to_string(), lease.lease.token)],
+                self.shared.instance(),
+                &[(RoleName::new(&lease.lease.role)?, lease.lease.token)],
             )
             .await?;
         Ok(!released.is_empty())
@@ -539,13 +442,13 @@ pub struct HolderInfo {
 /// A registered role.
 #[derive(Clone)]
 pub struct RoleLease {
-    shared: Arc<Shared>,
+    shared: Arc<LeaseState>,
     idx: usize,
 }
 
 impl RoleLease {
     pub fn name(&self) -> &Arc<str> {
-        &self.shared.roles[self.idx].name
+        self.shared.role(self.idx).name.as_arc()
     }
 
     /// True while this instance holds the role and is not draining.
@@ -555,12 +458,12 @@ impl RoleLease {
 
     /// The held lease with its fencing token, if held here right now.
     pub fn guard(&self) -> Option<HeldLease> {
-        if self.shared.draining.load(Ordering::Acquire) {
+        if self.shared.is_draining() {
             return None;
         }
         // The guard is held while checking: a term that ends is only recorded
         // as ended once no reader still looks at the snapshot showing it.
-        let snap = self.shared.snapshot.load();
+        let snap = self.shared.snapshot();
         let state = &snap.roles[self.idx];
         let now = Instant::now();
         state.held_now(now).then(|| HeldLease {
@@ -572,17 +475,17 @@ impl RoleLease {
 
     /// The current holder if known and unexpired (this instance included).
     pub fn current_holder(&self) -> Option<HolderInfo> {
-        let snap = self.shared.snapshot.load();
+        let snap = self.shared.snapshot();
         holder_of(&self.shared, &snap.roles[self.idx])
     }
 }
 
-fn holder_of(shared: &Shared, state: &RoleState) -> Option<HolderInfo> {
+fn holder_of(shared: &LeaseState, state: &RoleState) -> Option<HolderInfo> {
     let now = Instant::now();
     if state.held_now(now) {
         return Some(HolderInfo {
-            id: shared.instance_id.clone(),
-            address: shared.instance.address.as_str().into(),
+            id: shared.instance_id().clone(),
+            address: shared.instance().address.as_str().into(),
             token: state.token,
             here: true,
         });
@@ -593,14 +496,14 @@ fn holder_of(shared: &Shared, state: &RoleState) -> Option<HolderInfo> {
         id: id.clone(),
         address: address.clone(),
         token: state.token,
-        here: **id == *shared.instance_id,
+        here: **id == **shared.instance_id(),
     })
 }
 
 /// A registered partition: `count` roles, a key picks one.
 #[derive(Clone)]
 pub struct RolePartition {
-    shared: Arc<Shared>,
+    shared: Arc<LeaseState>,
     name: Arc<str>,
     count: u32,
     first: usize,
@@ -627,9 +530,9 @@ impl RolePartition {
 
     pub fn resolve_index(&self, index: u32) -> PartitionResolution {
         let idx = self.first + index.min(self.count - 1) as usize;
-        let snap = self.shared.snapshot.load();
+        let snap = self.shared.snapshot();
         let state = &snap.roles[idx];
-        let draining = self.shared.draining.load(Ordering::Acquire);
+        let draining = self.shared.is_draining();
         let now = Instant::now();
         let held = !draining && state.held_now(now);
         let holder = holder_of(&self.shared, state);

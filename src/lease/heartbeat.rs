@@ -13,8 +13,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::coordinator::{LeaseEvent, Shared};
 use super::snapshot::{HolderSnapshot, RoleState};
+use super::state::{Counters, LeaseEvent, LeaseState};
+use crate::role::RoleName;
 use crate::store::{Claim, StoreError};
 use crate::telemetry;
 
@@ -43,7 +44,7 @@ struct LoopRole {
 }
 
 pub(super) struct HeartbeatLoop {
-    shared: Arc<Shared>,
+    shared: Arc<LeaseState>,
     roles: Vec<LoopRole>,
     /// Terms ended since the last publish; their `Ended` events go out with it.
     ended: Vec<(usize, HeldTerm)>,
@@ -59,16 +60,15 @@ pub(super) struct HeartbeatLoop {
 }
 
 impl HeartbeatLoop {
-    pub(super) fn new(shared: Arc<Shared>) -> Self {
+    pub(super) fn new(shared: Arc<LeaseState>) -> Self {
         let now = Instant::now();
-        let roles = shared
-            .roles
-            .iter()
+        let roles = (0..shared.role_count())
+            .map(|i| shared.role(i))
             .map(|r| LoopRole {
                 held: None,
                 next_attempt: now,
                 state: RoleState {
-                    name: r.name.clone(),
+                    name: r.name.as_arc().clone(),
                     ..RoleState::default()
                 },
                 gauge_held: None,
@@ -93,7 +93,7 @@ impl HeartbeatLoop {
         let mut feed = None;
         let mut last_notice_tick = Instant::now() - NOTICE_COALESCE;
         loop {
-            if self.shared.stopping.load(Ordering::Acquire) {
+            if self.shared.is_stopping() {
                 self.release_all().await;
                 return;
             }
@@ -102,8 +102,8 @@ impl HeartbeatLoop {
             // renewal. Without a feed, the snapshot read of every tick still
             // finds every change.
             if feed.is_none() {
-                let limit = self.shared.tick_every.min(Duration::from_secs(1));
-                match tokio::time::timeout(limit, self.shared.store.subscribe()).await {
+                let limit = self.shared.tick_every().min(Duration::from_secs(1));
+                match tokio::time::timeout(limit, self.shared.store().subscribe()).await {
                     Ok(Ok(f)) => feed = Some(f),
                     Ok(Err(e)) => tracing::debug!(error = %e, "change feed unavailable; polling"),
                     Err(_) => tracing::debug!("change feed subscribe timed out; polling"),
@@ -111,12 +111,12 @@ impl HeartbeatLoop {
             }
 
             let now = Instant::now();
-            let mut next = now + self.shared.tick_every;
+            let mut next = now + self.shared.tick_every();
             if !self.store_ok {
                 // Retry sooner while the store is failing, but not in a hot loop.
-                next = now + (self.shared.tick_every / 2).max(Duration::from_millis(50));
+                next = now + (self.shared.tick_every() / 2).max(Duration::from_millis(50));
             }
-            if self.shared.candidate.load(Ordering::Acquire) {
+            if self.shared.is_candidate() {
                 for r in &self.roles {
                     // Wake at a held-elsewhere role's observed expiry (crash takeover),
                     // and at a held term's deadline (tiny timings, a slow tick).
@@ -133,7 +133,7 @@ impl HeartbeatLoop {
             let sleep = tokio::time::sleep_until(next.into());
             tokio::select! {
                 _ = sleep => {}
-                _ = self.shared.wake.notified() => {}
+                _ = self.shared.woken() => {}
                 notice = recv_feed(&mut feed) => {
                     if notice.is_none() {
                         // The feed ended (connection lost): poll, and subscribe anew.
@@ -159,7 +159,7 @@ impl HeartbeatLoop {
 
     fn store_failed_msg(&mut self, what: &'static str, error: &str) {
         self.shared
-            .counters
+            .counters()
             .store_errors
             .fetch_add(1, Ordering::Relaxed);
         metrics::counter!(telemetry::STORE_ERRORS, "op" => what).increment(1);
@@ -172,7 +172,7 @@ impl HeartbeatLoop {
         {
             self.last_error_log = Some(now);
             let error = crate::redact::redact_text(error);
-            tracing::warn!(store = self.shared.store.kind(), op = what, %error, "lease store call failed; failing closed and retrying");
+            tracing::warn!(store = self.shared.store().kind(), op = what, %error, "lease store call failed; failing closed and retrying");
         }
     }
 
@@ -212,22 +212,17 @@ impl HeartbeatLoop {
     }
 
     fn emit(&self, event: LeaseEvent) {
-        if let Some(hook) = &self.shared.hook {
-            // A panicking hook must not stop the heartbeat loop.
-            let call = std::panic::AssertUnwindSafe(|| hook(event));
-            if std::panic::catch_unwind(call).is_err() {
-                tracing::error!("lease event hook panicked");
-            }
-        }
+        self.shared.emit(event);
     }
 
     async fn tick(&mut self) {
-        self.shared.counters.ticks.fetch_add(1, Ordering::Relaxed);
+        Counters::bump(&self.shared.counters().ticks);
         let shared = self.shared.clone();
         if !self.registered {
             let t_sent = Instant::now();
             let result =
-                tokio::time::timeout(shared.op_timeout, shared.store.register(&shared.names)).await;
+                tokio::time::timeout(shared.op_timeout(), shared.store().register(shared.names()))
+                    .await;
             Self::record_latency("register", t_sent);
             match result {
                 Ok(Ok(())) => {
@@ -248,7 +243,7 @@ impl HeartbeatLoop {
         // Read first, so a role freed since the last tick (a notification woke
         // us) is claimed in this same tick.
         self.read_snapshot().await;
-        if shared.candidate.load(Ordering::Acquire) {
+        if shared.is_candidate() {
             self.claim().await;
         } else {
             self.release_all().await;
@@ -257,7 +252,7 @@ impl HeartbeatLoop {
         let calls = std::mem::take(&mut self.calls_this_tick);
         if self.registered_ticks > 0 {
             shared
-                .counters
+                .counters()
                 .max_calls_per_tick
                 .fetch_max(calls, Ordering::Relaxed);
         }
@@ -271,16 +266,16 @@ impl HeartbeatLoop {
         let now = Instant::now();
         self.expire_local(now);
         // A draining instance keeps what it holds but takes nothing new.
-        let draining = shared.draining.load(Ordering::Acquire);
+        let draining = shared.is_draining();
         let mut claims = Vec::new();
         let mut which = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
             let held_token = r.held.map(|h| h.token);
             if held_token.is_some() || (!draining && r.next_attempt <= now) {
                 claims.push(Claim {
-                    role: shared.roles[i].name.to_string(),
+                    role: shared.role(i).name.clone(),
                     held_token,
-                    duration: shared.roles[i].timings.duration,
+                    duration: shared.role(i).timings.duration,
                 });
                 which.push(i);
             }
@@ -290,14 +285,14 @@ impl HeartbeatLoop {
         }
         let window = which
             .iter()
-            .map(|&i| shared.roles[i].timings.duration - shared.roles[i].timings.safety_margin)
+            .map(|&i| shared.role(i).timings.duration - shared.role(i).timings.safety_margin)
             .min()
-            .unwrap_or(shared.op_timeout);
-        shared.counters.claim_calls.fetch_add(1, Ordering::Relaxed);
+            .unwrap_or(shared.op_timeout());
+        Counters::bump(&shared.counters().claim_calls);
         self.calls_this_tick += 1;
         let t_sent = Instant::now();
         let result =
-            tokio::time::timeout(window, shared.store.claim(&shared.instance, &claims)).await;
+            tokio::time::timeout(window, shared.store().claim(shared.instance(), &claims)).await;
         let t_recv = Instant::now();
         Self::record_latency("claim", t_sent);
         let grants = match result {
@@ -311,7 +306,7 @@ impl HeartbeatLoop {
         let mut tally = OpTally::default();
         let mut renewed = Vec::new();
         for &i in &which {
-            let meta = &shared.roles[i];
+            let meta = &shared.role(i);
             let renewing = self.roles[i].held.is_some();
             let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
             match granted.get(&*meta.name) {
@@ -327,7 +322,7 @@ impl HeartbeatLoop {
                         _ => {
                             // A new term. An older one still believed ends with this publish.
                             self.end_term(i);
-                            shared.counters.term_changes.fetch_add(1, Ordering::Relaxed);
+                            Counters::bump(&shared.counters().term_changes);
                             metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string()).increment(1);
                             self.roles[i].held = Some(HeldTerm {
                                 token,
@@ -341,8 +336,8 @@ impl HeartbeatLoop {
                     }
                     let st = &mut self.roles[i].state;
                     st.token = token;
-                    st.holder = Some(shared.instance_id.clone());
-                    st.holder_address = Some(shared.instance.address.as_str().into());
+                    st.holder = Some(shared.instance_id().clone());
+                    st.holder_address = Some(shared.instance().address.as_str().into());
                     st.holder_valid_until = Some(t_sent + meta.timings.duration);
                 }
                 Some(&token) => {
@@ -350,14 +345,14 @@ impl HeartbeatLoop {
                     // the next claim asks for a fresh one (the store still names this
                     // instance, so it is granted at once).
                     shared
-                        .counters
+                        .counters()
                         .late_responses
                         .fetch_add(1, Ordering::Relaxed);
                     tally.add(renewing, "late");
                     tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
                     self.end_term(i);
                     self.roles[i].state.token = token;
-                    self.roles[i].state.holder = Some(shared.instance_id.clone());
+                    self.roles[i].state.holder = Some(shared.instance_id().clone());
                 }
                 None => {
                     // A denied renewal extends nothing, but the last grant's deadline
@@ -372,11 +367,11 @@ impl HeartbeatLoop {
             }
         }
         tally.emit();
-        if self.shared.hook.is_some() {
+        if self.shared.has_hook() {
             for (i, token, until) in renewed {
                 self.emit(LeaseEvent::Renewed {
-                    instance: shared.instance_id.clone(),
-                    role: shared.roles[i].name.clone(),
+                    instance: shared.instance_id().clone(),
+                    role: shared.role(i).name.as_arc().clone(),
                     token,
                     until,
                 });
@@ -387,13 +382,14 @@ impl HeartbeatLoop {
     async fn read_snapshot(&mut self) {
         let shared = self.shared.clone();
         shared
-            .counters
+            .counters()
             .snapshot_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
         let t_sent = Instant::now();
         let result =
-            tokio::time::timeout(shared.op_timeout, shared.store.snapshot(&shared.names)).await;
+            tokio::time::timeout(shared.op_timeout(), shared.store().snapshot(shared.names()))
+                .await;
         let t_recv = Instant::now();
         Self::record_latency("snapshot", t_sent);
         let records = match result {
@@ -404,20 +400,20 @@ impl HeartbeatLoop {
         self.store_ok = true;
         self.store_answered(t_sent);
         self.loaded = true;
-        if records.len() < shared.names.len() {
+        if records.len() < shared.names().len() {
             // Rows vanished (a restored or new database): register them again.
             tracing::warn!(
                 found = records.len(),
-                expected = shared.names.len(),
+                expected = shared.names().len(),
                 "lease rows missing from the store; registering them again"
             );
             self.registered = false;
         }
         for rec in records {
-            let Some(&i) = shared.index.get(rec.role.as_str()) else {
+            let Some(i) = shared.index_of(&rec.role) else {
                 continue;
             };
-            let mine = rec.holder.as_deref() == Some(shared.instance.id.as_str());
+            let mine = rec.holder.as_deref() == Some(shared.instance().id.as_str());
             if let Some(h) = self.roles[i].held {
                 if rec.token != h.token || !mine {
                     // The store no longer shows our term (a newer term, a release, a
@@ -464,7 +460,7 @@ impl HeartbeatLoop {
         }
         for (i, h) in began {
             self.emit(LeaseEvent::Began {
-                instance: self.shared.instance_id.clone(),
+                instance: self.shared.instance_id().clone(),
                 role: self.roles[i].state.name.clone(),
                 token: h.token,
                 at: now,
@@ -484,10 +480,10 @@ impl HeartbeatLoop {
             loaded: self.loaded,
             store_ok: self.store_ok,
             last_ok_sent: self.last_ok_sent,
-            candidate: self.shared.candidate.load(Ordering::Acquire),
-            draining: self.shared.draining.load(Ordering::Acquire),
+            candidate: self.shared.is_candidate(),
+            draining: self.shared.is_draining(),
         };
-        let previous = self.shared.snapshot.swap(Arc::new(snapshot));
+        let previous = self.shared.publish(snapshot);
         if !self.ended.is_empty() {
             // Readers hold the snapshot only while checking. Once the previous
             // one has no reader left, nobody can still believe an ended term:
@@ -501,7 +497,7 @@ impl HeartbeatLoop {
         let stored = Instant::now();
         for (i, h) in std::mem::take(&mut self.ended) {
             self.emit(LeaseEvent::Ended {
-                instance: self.shared.instance_id.clone(),
+                instance: self.shared.instance_id().clone(),
                 role: self.roles[i].state.name.clone(),
                 token: h.token,
                 at: h.held_until.min(stored).max(h.started),
@@ -509,21 +505,21 @@ impl HeartbeatLoop {
         }
         let fresh = self
             .last_ok_sent
-            .is_some_and(|t| t.elapsed() < self.shared.op_timeout);
+            .is_some_and(|t| t.elapsed() < self.shared.op_timeout());
         metrics::gauge!(telemetry::READY).set(if self.loaded && fresh { 1.0 } else { 0.0 });
         self.published += 1;
-        self.shared.published.send_replace(self.published);
+        self.shared.announce(self.published);
     }
 
     /// Ends local belief first (published), then releases in one store call
     /// every term this instance holds or that the store still shows as its own.
     async fn release_all(&mut self) {
-        let mut held: Vec<(String, u64)> = Vec::new();
+        let mut held: Vec<(RoleName, u64)> = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
-            let name = self.shared.roles[i].name.to_string();
+            let name = self.shared.role(i).name.clone();
             if let Some(h) = r.held {
                 held.push((name, h.token));
-            } else if r.state.holder.as_deref() == Some(&*self.shared.instance_id) {
+            } else if r.state.holder.as_deref() == Some(&*self.shared.instance_id()) {
                 // Abandoned (late) or unseen grants the store still gives us; the
                 // store's token check keeps this safe.
                 held.push((name, r.state.token));
@@ -538,14 +534,14 @@ impl HeartbeatLoop {
         }
         let shared = self.shared.clone();
         shared
-            .counters
+            .counters()
             .release_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
         let t_sent = Instant::now();
         let result = tokio::time::timeout(
-            shared.op_timeout,
-            shared.store.release(&shared.instance, &held),
+            shared.op_timeout(),
+            shared.store().release(shared.instance(), &held),
         )
         .await;
         Self::record_latency("release", t_sent);
@@ -554,7 +550,7 @@ impl HeartbeatLoop {
                 metrics::counter!(telemetry::LEASE_OPS, "op" => "release", "outcome" => "granted")
                     .increment(released.len() as u64);
                 for r in &released {
-                    if let Some(&i) = shared.index.get(r.as_str()) {
+                    if let Some(i) = shared.index_of(r) {
                         self.roles[i].state.holder = None;
                         self.roles[i].state.holder_address = None;
                         self.roles[i].state.holder_valid_until = None;

@@ -6,11 +6,6 @@ use std::sync::Arc;
 
 use xxhash_rust::xxh64::xxh64;
 
-/// The generated role name of partition `index`.
-pub fn partition_role_name(partition: &str, index: u32) -> String {
-    format!("{partition}:partition-{index}")
-}
-
 /// The bytes hashed for a key, with an optional scope.
 pub fn scoped_key_bytes(scope: Option<&str>, key: &str) -> Vec<u8> {
     match scope {
@@ -94,6 +89,9 @@ mod tests {
 
     #[test]
     fn names() {
-        assert_eq!(partition_role_name("devices", 3), "devices:partition-3");
+        assert_eq!(
+            crate::role::partition_role_name("devices", 3),
+            "devices:partition-3"
+        );
     }
 }

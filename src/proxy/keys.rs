@@ -9,7 +9,19 @@ use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Uri};
 
-use crate::config::KeySource;
+/// Where a partition route finds its key (the config's `key:` field).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeySource {
+    /// A request header, by lowercase name.
+    Header(String),
+    /// A query parameter, by name.
+    Query(String),
+    /// 1-based index of a path segment (`/a/b` has segment 1 = `a`).
+    PathSegment(usize),
+    /// The last path segment.
+    PathSegmentLast,
+}
 
 type KeyFn = Arc<dyn Fn(&Uri, &HeaderMap) -> Option<String> + Send + Sync>;
 

@@ -14,6 +14,7 @@ use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use tower::{Layer, Service};
 
+use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder};
 use super::gate::{Decision, GateSettings, GateTarget};
 use super::headers::strip_rolegate;
@@ -22,7 +23,6 @@ use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
 use super::trust::Cidr;
-use crate::config::proxy_defaults;
 use crate::lease::{Coordinator, HeldLease};
 
 /// Options shared by both layers.

@@ -2,6 +2,7 @@
 //! rules, problem answers and the tower layers.
 
 pub mod canonical;
+pub mod defaults;
 pub mod forward;
 pub mod gate;
 pub mod headers;
@@ -15,6 +16,7 @@ pub mod trust;
 
 pub use forward::{ForwardError, Forwarder};
 pub use gate::{Decision, GateSettings, GateTarget, Outcome};
-pub use keys::KeyExtractor;
+pub use keys::{KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};
+pub use trust::Cidr;

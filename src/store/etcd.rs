@@ -23,8 +23,7 @@ use futures_util::FutureExt;
 use tokio::sync::{mpsc, Mutex};
 
 use super::{
-    check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
-    StoreError,
+    ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 /// etcd's default `--max-txn-ops`.
@@ -231,9 +230,8 @@ impl LeaseStore for EtcdStore {
         .boxed()
     }
 
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            check_names(roles)?;
             // Marker keys so `status` can list roles nobody holds.
             for chunk in roles.chunks(MAX_TXN_OPS) {
                 let ops: Vec<TxnOp> = chunk
@@ -257,7 +255,6 @@ impl LeaseStore for EtcdStore {
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            check_claims(claims)?;
             if claims.is_empty() {
                 return Ok(Vec::new());
             }
@@ -278,17 +275,17 @@ impl LeaseStore for EtcdStore {
                     tracing::warn!(role = %c.role, "role duration exceeds the instance's etcd lease TTL; not claimed");
                     continue;
                 }
-                match current.get(&c.role) {
+                match current.get(c.role.as_str()) {
                     Some(k) if k.holder.holder == instance.id && k.lease == lease && Some(k.token) == c.held_token => {
                         // Renewed by the keep-alive above.
                         grants.push(Grant {
-                            role: c.role.clone(),
+                            role: c.role.to_string(),
                             token: k.token,
                         });
                     }
                     Some(k) if k.holder.holder == instance.id => {
                         // Ours but not the term the caller holds: start a new term.
-                        let role = c.role.clone();
+                        let role = c.role.to_string();
                         let cmp = Compare::mod_revision(self.lease_key(&role), CompareOp::Equal, k.mod_revision);
                         let value = value.clone();
                         attempts.push(
@@ -304,7 +301,7 @@ impl LeaseStore for EtcdStore {
                     }
                     Some(_) => {}
                     None => {
-                        let role = c.role.clone();
+                        let role = c.role.to_string();
                         let value = value.clone();
                         attempts.push(
                             async move { self.acquire(&role, &value, lease).await.map(|t| t.map(|t| (role, t))) }
@@ -326,7 +323,7 @@ impl LeaseStore for EtcdStore {
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
             let value = serde_json::to_vec(&Holder {
@@ -344,7 +341,7 @@ impl LeaseStore for EtcdStore {
                     ])
                     .and_then([TxnOp::delete(key, None)]);
                 let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
-                Ok::<_, StoreError>(resp.succeeded().then(|| role.clone()))
+                Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
             });
             let mut released = Vec::new();
             for r in join_all(attempts).await {
@@ -359,7 +356,7 @@ impl LeaseStore for EtcdStore {
 
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let current = self.read_roles().await?;
@@ -384,7 +381,7 @@ impl LeaseStore for EtcdStore {
                 names.dedup();
                 names
             } else {
-                roles.to_vec()
+                roles.iter().map(|r| r.to_string()).collect()
             };
             // Time left per holder lease, one call per distinct lease, concurrently.
             let mut lease_ids: Vec<i64> = current.values().map(|k| k.lease).collect();

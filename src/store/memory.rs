@@ -10,8 +10,7 @@ use futures_util::FutureExt;
 use tokio::sync::{broadcast, mpsc};
 
 use super::{
-    check_claims, check_names, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
-    StoreError,
+    ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -68,13 +67,12 @@ impl LeaseStore for MemoryStore {
         async { Ok(()) }.boxed()
     }
 
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            check_names(roles)?;
             let now = Instant::now();
             let mut t = self.lock();
             for r in roles {
-                t.entry(r.clone()).or_insert_with(|| Self::blank(now));
+                t.entry(r.to_string()).or_insert_with(|| Self::blank(now));
             }
             Ok(())
         }
@@ -87,14 +85,15 @@ impl LeaseStore for MemoryStore {
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            check_claims(claims)?;
             let now = Instant::now();
             let mut changed = false;
             let mut grants = Vec::new();
             {
                 let mut t = self.lock();
                 for c in claims {
-                    let rec = t.entry(c.role.clone()).or_insert_with(|| Self::blank(now));
+                    let rec = t
+                        .entry(c.role.to_string())
+                        .or_insert_with(|| Self::blank(now));
                     let live = rec.holder.is_some() && rec.expires_at > now;
                     let mine = rec.holder.as_deref() == Some(instance.id.as_str());
                     if live && !mine {
@@ -110,7 +109,7 @@ impl LeaseStore for MemoryStore {
                         .checked_add(c.duration)
                         .unwrap_or(now + Duration::from_secs(86_400 * 365));
                     grants.push(Grant {
-                        role: c.role.clone(),
+                        role: c.role.to_string(),
                         token: rec.token,
                     });
                 }
@@ -126,7 +125,7 @@ impl LeaseStore for MemoryStore {
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
             let now = Instant::now();
@@ -134,14 +133,14 @@ impl LeaseStore for MemoryStore {
             {
                 let mut t = self.lock();
                 for (role, token) in held {
-                    if let Some(rec) = t.get_mut(role) {
+                    if let Some(rec) = t.get_mut(role.as_str()) {
                         if rec.holder.as_deref() == Some(instance.id.as_str())
                             && rec.token == *token
                         {
                             rec.holder = None;
                             rec.holder_address = None;
                             rec.expires_at = now;
-                            released.push(role.clone());
+                            released.push(role.to_string());
                         }
                     }
                 }
@@ -156,13 +155,13 @@ impl LeaseStore for MemoryStore {
 
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let now = Instant::now();
             let t = self.lock();
-            let to_record = |role: &String, r: &Record| LeaseRecord {
-                role: role.clone(),
+            let to_record = |role: &str, r: &Record| LeaseRecord {
+                role: role.to_string(),
                 holder: r.holder.clone(),
                 holder_address: r.holder_address.clone(),
                 token: r.token,
@@ -173,7 +172,7 @@ impl LeaseStore for MemoryStore {
             } else {
                 roles
                     .iter()
-                    .filter_map(|k| t.get(k).map(|v| to_record(k, v)))
+                    .filter_map(|k| t.get(k.as_str()).map(|v| to_record(k, v)))
                     .collect()
             })
         }

@@ -5,6 +5,7 @@
 //! release, register), each one round trip whatever the number of roles, and
 //! offers a change feed that wakes contenders when a term changes.
 
+mod config;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod memory;
@@ -31,7 +32,8 @@ pub use redis::RedisStore;
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStore;
 
-use crate::config::{StoreConfig, StoreKind};
+pub use crate::role::RoleName;
+pub use config::{check_table_name, BadTableName, StoreConfig, StoreKind, DEFAULT_TABLE};
 
 /// Who is asking: the instance id and the address others forward to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +46,7 @@ pub struct InstanceInfo {
 /// believes it holds; `None` asks for a new term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
-    pub role: String,
+    pub role: RoleName,
     pub held_token: Option<u64>,
     pub duration: Duration,
 }
@@ -73,8 +75,6 @@ pub struct LeaseRecord {
 pub enum StoreError {
     #[error("store unreachable or failing: {0}")]
     Unavailable(String),
-    #[error("invalid role name: {0}")]
-    InvalidRole(#[from] crate::lease::RoleNameError),
     #[error("bad store configuration: {0}")]
     Config(String),
     #[error("schema missing or outdated ({0}); run `rolegate migrate` or set store.migrate: true")]
@@ -97,7 +97,7 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Makes sure every role has a record (with no holder), so later claims are
     /// plain conditional updates. Idempotent.
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>>;
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Acquires or renews each role in one round trip. For each claim the store
     /// grants when the role is free, released, expired, or already held by this
@@ -115,13 +115,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>>;
 
     /// Reads the records of the given roles (all of them when empty) in one round trip.
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>>;
 
     /// Starts the change feed. It survives connection loss by reconnecting.
@@ -159,20 +159,6 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreErro
         store.migrate().await?;
     }
     Ok(store)
-}
-
-pub(crate) fn check_claims(claims: &[Claim]) -> Result<(), StoreError> {
-    for c in claims {
-        crate::lease::validate_role_name(&c.role)?;
-    }
-    Ok(())
-}
-
-pub(crate) fn check_names(roles: &[String]) -> Result<(), StoreError> {
-    for r in roles {
-        crate::lease::validate_role_name(r)?;
-    }
-    Ok(())
 }
 
 /// Milliseconds, rounded up (a store term is never shorter than asked),

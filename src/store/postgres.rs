@@ -13,8 +13,7 @@ use sqlx::Row;
 use tokio::sync::mpsc;
 
 use super::{
-    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, StoreError,
+    millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 /// Lease table in PostgreSQL (default name `rolegate_role_leases`).
@@ -180,11 +179,10 @@ impl LeaseStore for PostgresStore {
         .boxed()
     }
 
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            check_names(roles)?;
             sqlx::query(&self.sql.register)
-                .bind(roles)
+                .bind(names(roles))
                 .execute(&self.pool)
                 .await
                 .map_err(unavailable)?;
@@ -199,7 +197,6 @@ impl LeaseStore for PostgresStore {
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            check_claims(claims)?;
             let roles: Vec<&str> = claims.iter().map(|c| c.role.as_str()).collect();
             let held: Vec<Option<i64>> = claims
                 .iter()
@@ -230,7 +227,7 @@ impl LeaseStore for PostgresStore {
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
             let roles: Vec<&str> = held.iter().map(|(r, _)| r.as_str()).collect();
@@ -251,13 +248,13 @@ impl LeaseStore for PostgresStore {
 
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let query = if roles.is_empty() {
                 sqlx::query(&self.sql.snapshot_all)
             } else {
-                sqlx::query(&self.sql.snapshot).bind(roles)
+                sqlx::query(&self.sql.snapshot).bind(names(roles))
             };
             let rows = query.fetch_all(&self.pool).await.map_err(unavailable)?;
             rows.iter()
@@ -306,4 +303,9 @@ impl LeaseStore for PostgresStore {
         }
         .boxed()
     }
+}
+
+/// Role names as a text array parameter.
+fn names(roles: &[RoleName]) -> Vec<&str> {
+    roles.iter().map(|r| r.as_str()).collect()
 }

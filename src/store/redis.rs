@@ -16,8 +16,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{mpsc, Mutex};
 
 use super::{
-    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, StoreError,
+    millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 const CLAIM: &str = r#"
@@ -194,9 +193,8 @@ impl LeaseStore for RedisStore {
         .boxed()
     }
 
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            check_names(roles)?;
             // Token counters appear on first INCR; make them visible to `status`.
             let mut c = self.conn().await?;
             let mut pipe = redis::pipe();
@@ -215,7 +213,6 @@ impl LeaseStore for RedisStore {
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            check_claims(claims)?;
             let mut c = self.conn().await?;
             let mut inv = self.claim.prepare_invoke();
             inv.arg(&instance.id)
@@ -233,7 +230,7 @@ impl LeaseStore for RedisStore {
                 .filter_map(|p| {
                     let idx = usize::try_from(p[0]).ok()?.checked_sub(1)?;
                     Some(Grant {
-                        role: claims.get(idx)?.role.clone(),
+                        role: claims.get(idx)?.role.to_string(),
                         token: p.get(1).copied().unwrap_or(0) as u64,
                     })
                 })
@@ -245,7 +242,7 @@ impl LeaseStore for RedisStore {
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
             let mut c = self.conn().await?;
@@ -259,7 +256,7 @@ impl LeaseStore for RedisStore {
                 .into_iter()
                 .filter_map(|i| {
                     held.get(usize::try_from(i).ok()?.checked_sub(1)?)
-                        .map(|(r, _)| r.clone())
+                        .map(|(r, _)| r.to_string())
                 })
                 .collect())
         }
@@ -268,22 +265,20 @@ impl LeaseStore for RedisStore {
 
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
-            let all;
-            let roles = if roles.is_empty() {
-                all = self.known_roles().await?;
-                &all[..]
+            let roles: Vec<String> = if roles.is_empty() {
+                self.known_roles().await?
             } else {
-                roles
+                roles.iter().map(|r| r.to_string()).collect()
             };
             if roles.is_empty() {
                 return Ok(Vec::new());
             }
             let mut c = self.conn().await?;
             let mut inv = self.snapshot.prepare_invoke();
-            for r in roles {
+            for r in &roles {
                 inv.key(self.lease_key(r)).key(self.token_key(r));
             }
             let out: Vec<redis::Value> = inv.invoke_async(&mut c).await.map_err(unavailable)?;

@@ -16,8 +16,7 @@ use sqlx::Row;
 use tokio::sync::mpsc;
 
 use super::{
-    check_claims, check_names, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, StoreError,
+    millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
@@ -109,9 +108,8 @@ END;
         .boxed()
     }
 
-    fn register<'a>(&'a self, roles: &'a [String]) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            check_names(roles)?;
             let t = &self.table;
             let json =
                 serde_json::to_string(roles).map_err(|e| StoreError::Unavailable(e.to_string()))?;
@@ -133,7 +131,6 @@ END;
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            check_claims(claims)?;
             let t = &self.table;
             let batch: Vec<serde_json::Value> = claims
                 .iter()
@@ -184,7 +181,7 @@ RETURNING role, token"#
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,
-        held: &'a [(String, u64)],
+        held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
             let t = &self.table;
@@ -212,7 +209,7 @@ RETURNING role"#
 
     fn snapshot<'a>(
         &'a self,
-        roles: &'a [String],
+        roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
             let t = &self.table;

@@ -1,0 +1,110 @@
+//! The `instance`, `upstream` and `shutdown` sections.
+
+use std::time::Duration;
+
+use super::raw::{RawHealth, RawInstance, RawShutdown, RawUpstream};
+use super::resolve::{check_http_url, Resolver};
+use super::{ConfigError, HealthConfig, InstanceConfig, ShutdownConfig, UpstreamConfig};
+
+/// Defaults of the `upstream.health` and `shutdown` sections.
+pub(super) mod defaults {
+    use std::time::Duration;
+    /// `upstream.health.path`.
+    pub const HEALTH_PATH: &str = "/healthz";
+    /// `upstream.health.interval`.
+    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+    /// `upstream.health.unhealthy_after`.
+    pub const UNHEALTHY_AFTER: u32 = 3;
+    /// `shutdown.drain_timeout`.
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+}
+
+impl Resolver<'_> {
+    pub(super) fn instance(&self, raw: &RawInstance) -> Result<InstanceConfig, ConfigError> {
+        let name = self.opt_text(&raw.name, "instance.name")?;
+        if let (Some(name), Some(t)) = (&name, &raw.name) {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+                || name.len() > 64
+            {
+                return Err(self.err(
+                    Some(&t.referenced),
+                    "instance.name",
+                    "must be 1-64 characters of [A-Za-z0-9._-]",
+                ));
+            }
+        }
+        let advertise = match &raw.advertise {
+            Some(t) => {
+                let s = self.text(t, "instance.advertise")?;
+                check_http_url(&s)
+                    .map_err(|m| self.err(Some(&t.referenced), "instance.advertise", m))?;
+                Some(s.trim_end_matches('/').to_string())
+            }
+            None => None,
+        };
+        Ok(InstanceConfig { name, advertise })
+    }
+
+    pub(super) fn upstream(&self, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+        let url = self.text(&u.url, "upstream.url")?;
+        check_http_url(&url).map_err(|m| self.err(Some(&u.url.referenced), "upstream.url", m))?;
+        let health = u.health.as_ref().map(|h| self.health(h)).transpose()?;
+        Ok(UpstreamConfig {
+            url: url.trim_end_matches('/').to_string(),
+            health,
+        })
+    }
+
+    fn health(&self, h: &RawHealth) -> Result<HealthConfig, ConfigError> {
+        let path = self
+            .opt_text(&h.path, "upstream.health.path")?
+            .unwrap_or_else(|| defaults::HEALTH_PATH.into());
+        if !path.starts_with('/') {
+            return Err(self.err(
+                h.path.as_ref().map(|p| &p.referenced),
+                "upstream.health.path",
+                "must start with /",
+            ));
+        }
+        let interval = self.duration(
+            &h.interval,
+            "upstream.health.interval",
+            defaults::HEALTH_INTERVAL,
+        )?;
+        if interval.is_zero() {
+            return Err(self.err(
+                h.interval.as_ref().map(|p| &p.referenced),
+                "upstream.health.interval",
+                "must be greater than 0",
+            ));
+        }
+        let unhealthy_after = match &h.unhealthy_after {
+            None => defaults::UNHEALTHY_AFTER,
+            Some(n) if n.value >= 1 && n.value <= 1000 => n.value as u32,
+            Some(n) => {
+                return Err(self.err(
+                    Some(&n.referenced),
+                    "upstream.health.unhealthy_after",
+                    "must be between 1 and 1000",
+                ))
+            }
+        };
+        Ok(HealthConfig {
+            path,
+            interval,
+            unhealthy_after,
+        })
+    }
+
+    pub(super) fn shutdown(&self, raw: &RawShutdown) -> Result<ShutdownConfig, ConfigError> {
+        let drain_timeout: Duration = self.duration(
+            &raw.drain_timeout,
+            "shutdown.drain_timeout",
+            defaults::DRAIN_TIMEOUT,
+        )?;
+        Ok(ShutdownConfig { drain_timeout })
+    }
+}

@@ -1,0 +1,293 @@
+//! The YAML configuration: parsing, `${VAR}` expansion, defaults and every
+//! refusal of SPEC section 2. A file either resolves into a [`Config`] whose
+//! invariants hold, or is refused with one [`ConfigError`] naming the file,
+//! the line where known, and the key.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+
+mod instance;
+mod proxy;
+mod raw;
+mod resolve;
+mod roles;
+mod routes;
+mod store;
+#[cfg(test)]
+mod tests;
+
+pub use crate::lease::LeaseTimings;
+pub use crate::proxy::KeySource;
+pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
+pub use resolve::expand_env;
+
+use std::sync::Arc;
+
+use crate::lease::{CoordinatorBuilder, PartitionSpec, RoleSpec};
+use crate::proxy::Cidr;
+use crate::role::RoleName;
+use crate::store::LeaseStore;
+use raw::{yaml_error, RawConfig};
+use resolve::Resolver;
+
+/// A refused configuration: file, line (when known), key and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// The file, as named when loading.
+    pub file: String,
+    /// 1-based line, when known.
+    pub line: Option<u64>,
+    /// Dotted key, e.g. `routes[0].key.header`; empty for file-level errors.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.file)?;
+        if let Some(line) = self.line {
+            write!(f, ":{line}")?;
+        }
+        if self.key.is_empty() {
+            write!(f, ": {}", self.message)
+        } else {
+            write!(f, ": {}: {}", self.key, self.message)
+        }
+    }
+}
+
+/// The `instance` section: who this gateway is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InstanceConfig {
+    /// Stable instance name; a random id is used when unset.
+    pub name: Option<String>,
+    /// The URL other gateways forward to; derived from `listen` when unset.
+    pub advertise: Option<String>,
+}
+
+/// `upstream.health`: the app's health check, which gates candidacy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HealthConfig {
+    /// Path probed on the app, e.g. `/healthz`.
+    pub path: String,
+    /// Time between probes.
+    #[serde(serialize_with = "crate::lease::serialize_duration")]
+    pub interval: Duration,
+    /// Failed probes in a row before the instance stops being a candidate.
+    pub unhealthy_after: u32,
+}
+
+/// The `upstream` section: the app behind this gateway.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UpstreamConfig {
+    /// Base URL of the app.
+    #[serde(serialize_with = "crate::redact::serialize_url")]
+    pub url: String,
+    /// Optional health check.
+    pub health: Option<HealthConfig>,
+}
+
+/// The `proxy` section: forwarding timeouts and the request rules.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProxyConfig {
+    /// Time to open a connection to the app or a peer.
+    #[serde(serialize_with = "crate::lease::serialize_duration")]
+    pub connect_timeout: Duration,
+    /// Time for a response head after the request body was sent.
+    #[serde(serialize_with = "crate::lease::serialize_duration")]
+    pub response_header_timeout: Duration,
+    /// `Retry-After` seconds on 503s; computed from the renew intervals when unset.
+    pub retry_after: Option<u64>,
+    /// Shared secret that signs the hop marker between gateways.
+    #[serde(serialize_with = "crate::redact::serialize_secret")]
+    pub cluster_secret: Option<String>,
+    /// No byte either way on a connection or tunnel for this long closes it.
+    #[serde(serialize_with = "crate::lease::serialize_duration")]
+    pub idle_timeout: Duration,
+    /// Match route prefixes ignoring ASCII case.
+    pub case_insensitive_paths: bool,
+    /// `Upgrade` protocols passed through (lowercase); others are stripped.
+    pub upgrades: Vec<String>,
+    /// Networks whose `X-Forwarded-*`/`Forwarded` fields are kept.
+    #[serde(serialize_with = "cidrs")]
+    pub trusted_proxies: Vec<Cidr>,
+    /// Public-listener connections served at once.
+    pub max_connections: usize,
+}
+
+fn cidrs<S: serde::Serializer>(v: &[Cidr], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(v.iter().map(|c| c.to_string()))
+}
+
+/// The `shutdown` section.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ShutdownConfig {
+    /// Longest wait for in-flight requests before roles are released anyway.
+    #[serde(serialize_with = "crate::lease::serialize_duration")]
+    pub drain_timeout: Duration,
+}
+
+/// What a route is gated by.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouteTarget {
+    /// A declared role: only its holder executes the route.
+    Role(RoleName),
+    /// A declared partition: the key picks one of its roles.
+    Partition {
+        /// The partition's name.
+        name: RoleName,
+        /// Optional scope hashed before the key.
+        scope: Option<String>,
+        /// Where the key is found.
+        key: KeySource,
+    },
+}
+
+/// One entry of `routes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RouteConfig {
+    /// Path prefixes, as written (canonicalized by the route table).
+    pub prefixes: Vec<String>,
+    /// The role or partition that owns them.
+    pub target: RouteTarget,
+}
+
+/// One entry of `roles`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoleConfig {
+    /// The role's name.
+    pub name: RoleName,
+    /// Its timings (the `lease` defaults, overridden per role).
+    pub lease: LeaseTimings,
+}
+
+/// One entry of `partitions`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PartitionConfig {
+    /// The partition's name; its roles are `{name}:partition-{i}`.
+    pub name: RoleName,
+    /// Number of roles, 1 to 65536.
+    pub count: u32,
+    /// Timings of every role of the partition.
+    pub lease: LeaseTimings,
+}
+
+/// A resolved, validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Config {
+    /// Who this gateway is.
+    pub instance: InstanceConfig,
+    /// Public listener address.
+    pub listen: SocketAddr,
+    /// Admin listener address (health, metrics, `/leases`).
+    pub admin_listen: SocketAddr,
+    /// The app behind the gateway; none for a forward-only gateway.
+    pub upstream: Option<UpstreamConfig>,
+    /// Where the leases live.
+    pub store: StoreConfig,
+    /// Default lease timings.
+    pub lease: LeaseTimings,
+    /// Declared roles.
+    pub roles: Vec<RoleConfig>,
+    /// Declared partitions.
+    pub partitions: Vec<PartitionConfig>,
+    /// Gated routes.
+    pub routes: Vec<RouteConfig>,
+    /// Forwarding and request rules.
+    pub proxy: ProxyConfig,
+    /// Graceful stop.
+    pub shutdown: ShutdownConfig,
+}
+
+impl Config {
+    /// Reads and resolves a file, expanding `${VAR}` from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: path.display().to_string(),
+            line: None,
+            key: String::new(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        Self::parse(&text, &path.display().to_string(), &|name| {
+            std::env::var(name).ok()
+        })
+    }
+
+    /// Parses YAML text; `file` names it in errors; `env` answers `${VAR}`.
+    pub fn parse(
+        text: &str,
+        file: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let options = serde_saphyr::Options {
+            with_snippet: false,
+            ..serde_saphyr::Options::default()
+        };
+        let raw: RawConfig = match serde_saphyr::from_str_with_options(text, options) {
+            Ok(raw) => raw,
+            Err(e) => return Err(yaml_error(text, file, &e)),
+        };
+        Resolver { file, env }.resolve(raw)
+    }
+
+    /// A coordinator builder with this config's instance name, roles and
+    /// partitions, for `store`.
+    pub fn coordinator(&self, store: Arc<dyn LeaseStore>) -> CoordinatorBuilder {
+        let builder = CoordinatorBuilder::new(store);
+        let builder = match &self.instance.name {
+            Some(name) => builder.instance_name(name),
+            None => builder,
+        };
+        builder.specs(&self.role_specs(), &self.partition_specs())
+    }
+
+    /// The coordinator's view: every role with its timings.
+    pub fn role_specs(&self) -> Vec<RoleSpec> {
+        self.roles
+            .iter()
+            .map(|r| RoleSpec {
+                name: r.name.clone(),
+                timings: r.lease,
+            })
+            .collect()
+    }
+
+    /// The coordinator's view: every partition with its timings.
+    pub fn partition_specs(&self) -> Vec<PartitionSpec> {
+        self.partitions
+            .iter()
+            .map(|p| PartitionSpec {
+                name: p.name.clone(),
+                count: p.count,
+                timings: p.lease,
+            })
+            .collect()
+    }
+
+    /// `Retry-After` seconds for 503s: configured, else ceil(shortest renew interval).
+    pub fn retry_after_secs(&self) -> u64 {
+        if let Some(s) = self.proxy.retry_after {
+            return s;
+        }
+        let shortest = self
+            .roles
+            .iter()
+            .map(|r| r.lease.renew_interval)
+            .chain(self.partitions.iter().map(|p| p.lease.renew_interval))
+            .min()
+            .unwrap_or(self.lease.renew_interval);
+        let ms = shortest.as_millis() as u64;
+        ms.div_ceil(1000).max(1)
+    }
+
+    /// The resolved config as YAML, with the cluster secret redacted.
+    pub fn to_yaml(&self) -> String {
+        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+    }
+}

@@ -1,0 +1,211 @@
+//! The resolver: turns the raw YAML shapes into a [`Config`], one function
+//! per section (in the sibling files), with `${VAR}` expansion and every
+//! refusal naming its file, line and dotted key.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_saphyr::Location;
+
+use super::raw::{RawConfig, Text};
+use super::roles::RoleNames;
+use super::{Config, ConfigError, LeaseTimings};
+
+pub(super) struct Resolver<'a> {
+    pub(super) file: &'a str,
+    pub(super) env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+pub(super) fn line_of(loc: &Location) -> Option<u64> {
+    Some(loc.line()).filter(|l| *l > 0)
+}
+
+impl Resolver<'_> {
+    pub(super) fn err(
+        &self,
+        loc: Option<&Location>,
+        key: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError {
+            file: self.file.to_string(),
+            line: loc.and_then(line_of),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Expands `${VAR}` in a string value; `$$` is a literal `$`.
+    pub(super) fn text(&self, t: &Text, key: &str) -> Result<String, ConfigError> {
+        expand_env(&t.value, self.env).map_err(|m| self.err(Some(&t.referenced), key, m))
+    }
+
+    pub(super) fn opt_text(
+        &self,
+        t: &Option<Text>,
+        key: &str,
+    ) -> Result<Option<String>, ConfigError> {
+        t.as_ref().map(|t| self.text(t, key)).transpose()
+    }
+
+    pub(super) fn duration(
+        &self,
+        t: &Option<Text>,
+        key: &str,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        let Some(t) = t else { return Ok(default) };
+        let s = self.text(t, key)?;
+        humantime::parse_duration(s.trim()).map_err(|e| {
+            self.err(
+                Some(&t.referenced),
+                key,
+                format!("`{s}` is not a duration ({e}); write e.g. 500ms, 15s, 2m"),
+            )
+        })
+    }
+
+    pub(super) fn timings(
+        &self,
+        base: LeaseTimings,
+        duration: &Option<Text>,
+        renew: &Option<Text>,
+        margin: &Option<Text>,
+        prefix: &str,
+        loc: Option<&Location>,
+    ) -> Result<LeaseTimings, ConfigError> {
+        let t = LeaseTimings {
+            duration: self.duration(duration, &format!("{prefix}.duration"), base.duration)?,
+            renew_interval: self.duration(
+                renew,
+                &format!("{prefix}.renew_interval"),
+                base.renew_interval,
+            )?,
+            safety_margin: self.duration(
+                margin,
+                &format!("{prefix}.safety_margin"),
+                base.safety_margin,
+            )?,
+        };
+        let loc = duration
+            .as_ref()
+            .or(renew.as_ref())
+            .or(margin.as_ref())
+            .map(|t| &t.referenced)
+            .or(loc);
+        t.check()
+            .map_err(|e| self.err(loc, prefix, e.to_string()))?;
+        Ok(t)
+    }
+
+    pub(super) fn socket(
+        &self,
+        t: &Option<Text>,
+        key: &str,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
+        let (s, loc) = match t {
+            Some(t) => (self.text(t, key)?, Some(&t.referenced)),
+            None => (default.to_string(), None),
+        };
+        s.trim().parse().map_err(|e| {
+            self.err(
+                loc,
+                key,
+                format!("`{s}` is not a socket address like 0.0.0.0:8080 ({e})"),
+            )
+        })
+    }
+
+    /// Every section, in the order later sections depend on earlier ones.
+    pub(super) fn resolve(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+        let instance = self.instance(&raw.instance)?;
+        let listen = self.socket(&raw.listen, "listen", "0.0.0.0:8080")?;
+        let admin_listen = self.socket(&raw.admin_listen, "admin_listen", "127.0.0.1:9090")?;
+        let upstream = raw
+            .upstream
+            .as_ref()
+            .map(|u| self.upstream(u))
+            .transpose()?;
+        let store = self.store(raw.store.as_ref())?;
+        let lease = self.timings(
+            LeaseTimings::default(),
+            &raw.lease.duration,
+            &raw.lease.renew_interval,
+            &raw.lease.safety_margin,
+            "lease",
+            None,
+        )?;
+        let mut names = RoleNames::default();
+        let roles = self.roles(&raw.roles, lease, &mut names)?;
+        let partitions = self.partitions(&raw.partitions, lease, &mut names)?;
+        let proxy = self.proxy(&raw.proxy)?;
+        let routes = self.routes(
+            &raw.routes,
+            &roles,
+            &partitions,
+            proxy.case_insensitive_paths,
+        )?;
+        let shutdown = self.shutdown(&raw.shutdown)?;
+        Ok(Config {
+            instance,
+            listen,
+            admin_listen,
+            upstream,
+            store,
+            lease,
+            roles,
+            partitions,
+            routes,
+            proxy,
+            shutdown,
+        })
+    }
+}
+
+pub(super) fn check_http_url(s: &str) -> Result<(), String> {
+    let uri: Result<http::Uri, _> = s.parse();
+    // Messages quote the URL with its secrets redacted.
+    let shown = crate::redact::redact_url(s);
+    let s = shown.as_str();
+    let uri = uri.map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => return Err(format!("`{s}` must start with http:// or https://")),
+    }
+    if uri.host().is_none() {
+        return Err(format!("`{s}` has no host"));
+    }
+    Ok(())
+}
+
+/// Expands `${NAME}`; an unset variable is an error. `$$` stands for `$`.
+pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(input.len());
+    let mut rest = input;
+    while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let after = &rest[pos + 1..];
+        if let Some(stripped) = after.strip_prefix('$') {
+            out.push('$');
+            rest = stripped;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let end = body
+                .find('}')
+                .ok_or_else(|| format!("unterminated `${{` in `{input}`"))?;
+            let name = &body[..end];
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+                return Err(format!("`${{{name}}}` is not a valid variable name"));
+            }
+            let value =
+                env(name).ok_or_else(|| format!("environment variable `{name}` is not set"))?;
+            out.push_str(&value);
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}

@@ -1,0 +1,304 @@
+//! Unit tests of the config loader: every refusal names its key.
+
+use std::time::Duration;
+
+use super::*;
+
+fn env(name: &str) -> Option<String> {
+    match name {
+        "DB" => Some("postgres://x@127.0.0.1/db".into()),
+        "SECRET" => Some("0123456789abcdef0123".into()),
+        _ => None,
+    }
+}
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "test.yaml", &env)
+}
+
+fn refused(text: &str) -> ConfigError {
+    match parse(text) {
+        Ok(c) => panic!("expected a refusal, got {c:?}"),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn empty_file_gives_defaults() {
+    let c = parse("{}").unwrap();
+    assert_eq!(c.store.kind, StoreKind::Sqlite);
+    assert_eq!(c.lease, LeaseTimings::default());
+    assert_eq!(c.listen.port(), 8080);
+    assert_eq!(c.shutdown.drain_timeout, Duration::from_secs(10));
+    assert_eq!(c.retry_after_secs(), 5);
+}
+
+#[test]
+fn env_vars_expand_in_string_values() {
+    let c = parse("store:\n  kind: postgres\n  url: ${DB}\nproxy:\n  cluster_secret: ${SECRET}\n")
+        .unwrap();
+    assert_eq!(c.store.url, "postgres://x@127.0.0.1/db");
+    assert_eq!(
+        c.proxy.cluster_secret.as_deref(),
+        Some("0123456789abcdef0123")
+    );
+    assert_eq!(expand_env("a$$b", &env).unwrap(), "a$b");
+}
+
+#[test]
+fn unset_env_var_is_refused_with_line_and_key() {
+    let e = refused("listen: 0.0.0.0:1\nstore:\n  kind: postgres\n  url: ${NOPE}\n");
+    assert_eq!(e.line, Some(4));
+    assert_eq!(e.key, "store.url");
+    assert!(e.message.contains("NOPE"), "{e}");
+    assert!(e.to_string().starts_with("test.yaml:4: store.url:"), "{e}");
+}
+
+#[test]
+fn unknown_key_is_refused_with_its_name() {
+    let e = refused("lease:\n  duration: 15s\n  renew_interal: 5s\n");
+    assert_eq!(e.key, "renew_interal", "{e}");
+    assert!(e.message.contains("expected one of"), "{e}");
+    assert_eq!(e.line, Some(3), "{e}");
+}
+
+#[test]
+fn route_to_undeclared_role_is_refused() {
+    let e = refused("roles:\n  - name: a\nroutes:\n  - prefixes: [/x]\n    role: b\n");
+    assert_eq!(e.key, "routes[0].role");
+    assert_eq!(e.line, Some(5));
+}
+
+#[test]
+fn route_to_undeclared_partition_is_refused() {
+    let e = refused("routes:\n  - prefixes: [/x]\n    partition: p\n    key: {header: X-Id}\n");
+    assert_eq!(e.key, "routes[0].partition");
+}
+
+#[test]
+fn duplicate_role_is_refused() {
+    let e = refused("roles:\n  - name: a\n  - name: a\n");
+    assert_eq!(e.line, Some(3));
+    assert!(e.message.contains("twice"));
+}
+
+#[test]
+fn role_equal_to_generated_partition_role_is_refused() {
+    let e = refused("roles:\n  - name: p:partition-1\npartitions:\n  - name: p\n    count: 4\n");
+    assert!(e.message.contains("p:partition-1"), "{e}");
+    assert_eq!(e.line, Some(4));
+}
+
+#[test]
+fn prefix_claimed_twice_is_refused() {
+    let e = refused(
+        "roles:\n  - name: a\n  - name: b\nroutes:\n  - prefixes: [/x]\n    role: a\n  - prefixes: [/y, /x/]\n    role: b\n",
+    );
+    assert_eq!(e.key, "routes[1].prefixes[1]");
+    assert!(e.message.contains("routes[0]"));
+}
+
+#[test]
+fn timing_rule_is_enforced_globally_and_per_role() {
+    let e = refused("lease:\n  duration: 5s\n  renew_interval: 3s\n  safety_margin: 2s\n");
+    assert_eq!(e.key, "lease");
+    let e = refused("roles:\n  - name: a\n    duration: 6s\n");
+    assert_eq!(e.key, "roles[0]");
+    assert_eq!(e.line, Some(3));
+    assert!(refused("lease:\n  safety_margin: 0s\n")
+        .message
+        .contains("safety_margin"));
+    assert!(refused("lease:\n  duration: 2d\n").message.contains("24h"));
+    let c = parse("roles:\n  - name: a\n    duration: 30s\n    renew_interval: 10s\n").unwrap();
+    assert_eq!(c.roles[0].lease.duration, Duration::from_secs(30));
+    assert_eq!(c.roles[0].lease.safety_margin, Duration::from_secs(2));
+}
+
+#[test]
+fn bad_duration_is_refused() {
+    let e = refused("lease:\n  duration: fifteen\n");
+    assert_eq!(e.key, "lease.duration");
+    assert_eq!(e.line, Some(2));
+}
+
+#[test]
+fn long_names_are_refused_including_generated_ones() {
+    let long = "a".repeat(129);
+    let e = refused(&format!("roles:\n  - name: {long}\n"));
+    assert!(e.message.contains("128"), "{e}");
+    let name = "b".repeat(115); // 115 + ":partition-10" = 128 is fine, "-100" is not
+    assert!(parse(&format!("partitions:\n  - name: {name}\n    count: 11\n")).is_ok());
+    let e = refused(&format!("partitions:\n  - name: {name}\n    count: 101\n"));
+    assert!(e.message.contains("generated"), "{e}");
+    let e = refused("roles:\n  - name: 'bad name'\n");
+    assert!(e.message.contains("A-Za-z0-9"), "{e}");
+}
+
+#[test]
+fn partition_count_bounds() {
+    assert_eq!(
+        refused("partitions:\n  - name: p\n    count: 0\n").key,
+        "partitions[0].count"
+    );
+    assert_eq!(
+        refused("partitions:\n  - name: p\n    count: 65537\n").key,
+        "partitions[0].count"
+    );
+    assert!(parse("partitions:\n  - name: p\n    count: 65536\n").is_ok());
+}
+
+#[test]
+fn keys_parse_in_all_forms() {
+    let c = parse(
+        "partitions:\n  - name: p\n    count: 4\nroutes:\n  - prefixes: [/a]\n    partition: p\n    key: {header: X-Id}\n  - prefixes: [/b]\n    partition: p\n    key: {query: id}\n  - prefixes: [/c]\n    partition: p\n    key: {path_segment: 2}\n  - prefixes: [/d]\n    partition: p\n    scope: Order\n    key: {path_segment: last}\n",
+    )
+    .unwrap();
+    let keys: Vec<_> = c
+        .routes
+        .iter()
+        .map(|r| match &r.target {
+            RouteTarget::Partition { key, .. } => key.clone(),
+            _ => panic!(),
+        })
+        .collect();
+    assert_eq!(
+        keys,
+        vec![
+            KeySource::Header("x-id".into()),
+            KeySource::Query("id".into()),
+            KeySource::PathSegment(2),
+            KeySource::PathSegmentLast
+        ]
+    );
+    let e = refused(
+        "partitions:\n  - name: p\n    count: 4\nroutes:\n  - prefixes: [/a]\n    partition: p\n",
+    );
+    assert_eq!(e.key, "routes[0].key");
+    let e = refused("partitions:\n  - name: p\n    count: 4\nroutes:\n  - prefixes: [/a]\n    partition: p\n    key: {path_segment: first}\n");
+    assert_eq!(e.key, "routes[0].key.path_segment");
+}
+
+#[test]
+fn bad_listen_and_upstream_are_refused() {
+    assert_eq!(refused("listen: nowhere\n").key, "listen");
+    assert_eq!(refused("upstream:\n  url: ftp://x\n").key, "upstream.url");
+    assert_eq!(refused("store:\n  kind: mongo\n").key, "store.kind");
+    assert_eq!(refused("store:\n  kind: postgres\n").key, "store.url");
+}
+
+#[test]
+fn yaml_syntax_error_names_the_line() {
+    let e = refused("roles:\n  - name: a\n   bad: [\n");
+    assert!(e.line.is_some(), "{e}");
+}
+
+#[test]
+fn secret_is_redacted_when_printed() {
+    let c = parse("proxy:\n  cluster_secret: ${SECRET}\n").unwrap();
+    let y = c.to_yaml();
+    assert!(y.contains("<redacted>"), "{y}");
+    assert!(!y.contains("0123456789abcdef"), "{y}");
+}
+
+#[test]
+fn proxy_hardening_keys_parse_with_defaults() {
+    let c = parse("").unwrap();
+    assert_eq!(c.proxy.idle_timeout, Duration::from_secs(300));
+    assert!(c.proxy.case_insensitive_paths);
+    assert_eq!(c.proxy.upgrades, vec!["websocket".to_string()]);
+    assert!(c.proxy.trusted_proxies.is_empty());
+    assert_eq!(c.proxy.max_connections, 10_000);
+    let c = parse(
+        "proxy:\n  idle_timeout: 2s\n  case_insensitive_paths: false\n  upgrades: [WebSocket, foo]\n  trusted_proxies: [10.0.0.0/8, ::1]\n  max_connections: 5\n",
+    )
+    .unwrap();
+    assert_eq!(c.proxy.idle_timeout, Duration::from_secs(2));
+    assert!(!c.proxy.case_insensitive_paths);
+    assert_eq!(
+        c.proxy.upgrades,
+        vec!["websocket".to_string(), "foo".to_string()]
+    );
+    assert_eq!(c.proxy.trusted_proxies.len(), 2);
+    assert_eq!(c.proxy.max_connections, 5);
+    assert!(c.to_yaml().contains("10.0.0.0/8"));
+}
+
+#[test]
+fn unsafe_or_bad_proxy_values_are_refused_with_their_key() {
+    let e = refused("proxy:\n  upgrades: [websocket, h2c]\n");
+    assert_eq!(e.key, "proxy.upgrades[1]");
+    assert!(e.message.contains("h2c"), "{e}");
+    let e = refused("proxy:\n  trusted_proxies: [10.0.0.0/99]\n");
+    assert_eq!(e.key, "proxy.trusted_proxies[0]");
+    let e = refused("proxy:\n  max_connections: 0\n");
+    assert_eq!(e.key, "proxy.max_connections");
+    let e = refused("proxy:\n  idle_timeout: 0s\n");
+    assert_eq!(e.key, "proxy.idle_timeout");
+}
+
+#[test]
+fn prefixes_colliding_once_canonicalized_are_refused() {
+    let e = refused(
+        "roles:\n  - name: a\n  - name: b\nroutes:\n  - prefixes: [/Maintenance]\n    role: a\n  - prefixes: [//maintenance/]\n    role: b\n",
+    );
+    assert_eq!(e.key, "routes[1].prefixes[0]");
+    assert!(e.message.contains("/maintenance"), "{e}");
+    let ok = parse(
+        "proxy:\n  case_insensitive_paths: false\nroles:\n  - name: a\n  - name: b\nroutes:\n  - prefixes: [/Maintenance]\n    role: a\n  - prefixes: [/maintenance]\n    role: b\n",
+    );
+    assert!(ok.is_ok(), "case-sensitive prefixes do not collide");
+    let e = refused("roles:\n  - name: a\nroutes:\n  - prefixes: [/a;b]\n    role: a\n");
+    assert_eq!(e.key, "routes[0].prefixes[0]");
+}
+
+#[test]
+fn key_headers_the_gateway_rewrites_are_refused() {
+    for h in [
+        "Connection",
+        "X-Forwarded-For",
+        "Forwarded",
+        "Host",
+        "X-Rolegate-Token",
+        "X_Device",
+        "TE",
+        "True-Client-IP",
+    ] {
+        let e = refused(&format!(
+            "partitions:\n  - name: p\n    count: 4\nroutes:\n  - prefixes: [/a]\n    partition: p\n    key: {{header: {h}}}\n"
+        ));
+        assert_eq!(e.key, "routes[0].key.header", "{h}");
+    }
+}
+
+#[test]
+fn prefixes_are_decoded_once_not_twice() {
+    let c =
+        parse("roles:\n  - name: a\nroutes:\n  - prefixes: [/%2541dmin]\n    role: a\n").unwrap();
+    let mut t = crate::proxy::routes::RouteTable::new(true);
+    t.add(&c.routes[0].prefixes, "a");
+    assert_eq!(
+        t.find("/%2541dmin"),
+        Ok(Some(&"a")),
+        "the path the prefix describes"
+    );
+    assert_eq!(t.find("/admin"), Ok(None), "not a second decoding of it");
+    // Dot segments hidden behind an encoded `%` stay literal, never dropped.
+    let c = parse("roles:\n  - name: a\nroutes:\n  - prefixes: [/%252e%252e/x]\n    role: a\n")
+        .unwrap();
+    let mut t = crate::proxy::routes::RouteTable::new(true);
+    t.add(&c.routes[0].prefixes, "a");
+    assert_eq!(t.find("/%252e%252e/x"), Ok(Some(&"a")));
+}
+
+#[test]
+fn url_secrets_are_redacted_when_printed() {
+    let c = parse(
+        "store:\n  kind: postgres\n  url: postgres://app:hunter2@db/app?password=hunter3&sslmode=require\nupstream:\n  url: http://u:hunter4@127.0.0.1:3000\n",
+    )
+    .unwrap();
+    let y = c.to_yaml();
+    for secret in ["hunter2", "hunter3", "hunter4"] {
+        assert!(!y.contains(secret), "{secret} in {y}");
+    }
+    assert!(y.contains("sslmode=require"), "{y}");
+}

@@ -1,0 +1,307 @@
+//! The state the coordinator's handles (`coordinator.rs`) and the heartbeat
+//! loop (`heartbeat.rs`) share. Both sides go through these methods, so the
+//! orderings that matter live here: the flags are read with `Acquire` and
+//! written with `Release`, and a snapshot is published in one swap.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use arc_swap::{ArcSwap, Guard};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+
+use super::snapshot::{HolderSnapshot, RoleState};
+use super::LeaseTimings;
+use crate::role::RoleName;
+use crate::store::{InstanceInfo, LeaseStore};
+
+/// The edges of the intervals in which this instance believes it holds a role.
+/// `Began` is emitted just before readers can see the term, `Ended` just after
+/// they can no longer; `at` is on the monotonic clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEvent {
+    /// A new term is about to become visible to readers.
+    Began {
+        /// This instance's id.
+        instance: Arc<str>,
+        /// The role.
+        role: Arc<str>,
+        /// The term's fencing token.
+        token: u64,
+        /// When belief began.
+        at: Instant,
+        /// Local trust deadline at the start; later renewals extend it.
+        until: Instant,
+    },
+    /// The term was renewed: belief now lasts until `until`.
+    Renewed {
+        /// This instance's id.
+        instance: Arc<str>,
+        /// The role.
+        role: Arc<str>,
+        /// The term's fencing token.
+        token: u64,
+        /// The new local trust deadline.
+        until: Instant,
+    },
+    /// No reader can see the term any more.
+    Ended {
+        /// This instance's id.
+        instance: Arc<str>,
+        /// The role.
+        role: Arc<str>,
+        /// The term's fencing token.
+        token: u64,
+        /// When belief ended.
+        at: Instant,
+    },
+}
+
+pub(super) type IntervalHook = Arc<dyn Fn(LeaseEvent) + Send + Sync>;
+
+/// Counters of store work, read by [`super::Coordinator::stats`].
+#[derive(Default)]
+pub(super) struct Counters {
+    pub(super) ticks: AtomicU64,
+    pub(super) claim_calls: AtomicU64,
+    pub(super) snapshot_calls: AtomicU64,
+    pub(super) release_calls: AtomicU64,
+    pub(super) store_errors: AtomicU64,
+    pub(super) late_responses: AtomicU64,
+    pub(super) term_changes: AtomicU64,
+    pub(super) max_calls_per_tick: AtomicU64,
+}
+
+impl Counters {
+    /// Adds one to a counter.
+    pub(super) fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A registered role: its name and timings.
+pub(super) struct RoleMeta {
+    pub(super) name: RoleName,
+    pub(super) timings: LeaseTimings,
+}
+
+/// Where a partition's roles sit among all registered roles.
+#[derive(Clone, Copy)]
+pub(super) struct PartitionMeta {
+    pub(super) count: u32,
+    pub(super) first: usize,
+}
+
+/// Every registered role, in order, with lookups by name.
+pub(super) struct Registry {
+    pub(super) roles: Vec<RoleMeta>,
+    pub(super) index: HashMap<Arc<str>, usize>,
+    pub(super) partitions: HashMap<String, PartitionMeta>,
+}
+
+/// The shared state of one coordinator.
+pub(super) struct LeaseState {
+    instance: InstanceInfo,
+    instance_id: Arc<str>,
+    store: Arc<dyn LeaseStore>,
+    registry: Registry,
+    names: Vec<RoleName>,
+    snapshot: ArcSwap<HolderSnapshot>,
+    draining: AtomicBool,
+    candidate: AtomicBool,
+    stopping: AtomicBool,
+    wake: Notify,
+    published: watch::Sender<u64>,
+    counters: Counters,
+    hook: Option<IntervalHook>,
+    task: Mutex<Option<JoinHandle<()>>>,
+    /// Shortest renew interval among all roles.
+    tick_every: Duration,
+    /// Shortest trust window (`duration - safety_margin`) among all roles.
+    op_timeout: Duration,
+}
+
+impl LeaseState {
+    pub(super) fn new(
+        instance: InstanceInfo,
+        store: Arc<dyn LeaseStore>,
+        registry: Registry,
+        hook: Option<IntervalHook>,
+    ) -> LeaseState {
+        let roles = &registry.roles;
+        let tick_every = roles
+            .iter()
+            .map(|r| r.timings.renew_interval)
+            .min()
+            .unwrap_or_default();
+        let op_timeout = roles
+            .iter()
+            .map(|r| r.timings.duration - r.timings.safety_margin)
+            .min()
+            .unwrap_or_default();
+        let initial = HolderSnapshot {
+            roles: roles
+                .iter()
+                .map(|r| RoleState {
+                    name: r.name.as_arc().clone(),
+                    ..RoleState::default()
+                })
+                .collect(),
+            published_at: Instant::now(),
+            loaded: false,
+            store_ok: false,
+            last_ok_sent: None,
+            candidate: true,
+            draining: false,
+        };
+        LeaseState {
+            instance_id: instance.id.as_str().into(),
+            instance,
+            store,
+            names: roles.iter().map(|r| r.name.clone()).collect(),
+            registry,
+            snapshot: ArcSwap::from_pointee(initial),
+            draining: AtomicBool::new(false),
+            candidate: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+            wake: Notify::new(),
+            published: watch::channel(0).0,
+            counters: Counters::default(),
+            hook,
+            task: Mutex::new(None),
+            tick_every,
+            op_timeout,
+        }
+    }
+
+    pub(super) fn instance(&self) -> &InstanceInfo {
+        &self.instance
+    }
+
+    pub(super) fn instance_id(&self) -> &Arc<str> {
+        &self.instance_id
+    }
+
+    pub(super) fn store(&self) -> &Arc<dyn LeaseStore> {
+        &self.store
+    }
+
+    pub(super) fn role(&self, i: usize) -> &RoleMeta {
+        &self.registry.roles[i]
+    }
+
+    pub(super) fn role_count(&self) -> usize {
+        self.registry.roles.len()
+    }
+
+    /// Every registered role name, in registration order.
+    pub(super) fn names(&self) -> &[RoleName] {
+        &self.names
+    }
+
+    pub(super) fn index_of(&self, role: &str) -> Option<usize> {
+        self.registry.index.get(role).copied()
+    }
+
+    pub(super) fn partition(&self, name: &str) -> Option<PartitionMeta> {
+        self.registry.partitions.get(name).copied()
+    }
+
+    /// The published snapshot; hold the guard while judging from it.
+    pub(super) fn snapshot(&self) -> Guard<Arc<HolderSnapshot>> {
+        self.snapshot.load()
+    }
+
+    pub(super) fn snapshot_full(&self) -> Arc<HolderSnapshot> {
+        self.snapshot.load_full()
+    }
+
+    /// Publishes a snapshot and returns the one it replaced.
+    pub(super) fn publish(&self, snapshot: HolderSnapshot) -> Arc<HolderSnapshot> {
+        self.snapshot.swap(Arc::new(snapshot))
+    }
+
+    /// Tells subscribers that publication number `n` is out.
+    pub(super) fn announce(&self, n: u64) {
+        self.published.send_replace(n);
+    }
+
+    pub(super) fn subscribe_published(&self) -> watch::Receiver<u64> {
+        self.published.subscribe()
+    }
+
+    pub(super) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    pub(super) fn begin_drain(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    pub(super) fn is_candidate(&self) -> bool {
+        self.candidate.load(Ordering::Acquire)
+    }
+
+    /// Sets candidacy; wakes the loop when it changed.
+    pub(super) fn set_candidate(&self, candidate: bool) {
+        if self.candidate.swap(candidate, Ordering::AcqRel) != candidate {
+            self.wake.notify_one();
+        }
+    }
+
+    pub(super) fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    /// Asks the loop to release everything and stop.
+    pub(super) fn request_stop(&self) {
+        self.stopping.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    /// Wakes the loop early (a change notice, a candidacy change).
+    pub(super) async fn woken(&self) {
+        self.wake.notified().await
+    }
+
+    pub(super) fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    pub(super) fn has_hook(&self) -> bool {
+        self.hook.is_some()
+    }
+
+    /// Reports an interval edge to the hook, if any.
+    pub(super) fn emit(&self, event: LeaseEvent) {
+        if let Some(hook) = &self.hook {
+            // A panicking hook must not stop the heartbeat loop.
+            let call = std::panic::AssertUnwindSafe(|| hook(event));
+            if std::panic::catch_unwind(call).is_err() {
+                tracing::error!("lease event hook panicked");
+            }
+        }
+    }
+
+    pub(super) fn tick_every(&self) -> Duration {
+        self.tick_every
+    }
+
+    pub(super) fn op_timeout(&self) -> Duration {
+        self.op_timeout
+    }
+
+    pub(super) fn set_task(&self, task: JoinHandle<()>) {
+        *lock(&self.task) = Some(task);
+    }
+
+    pub(super) fn take_task(&self) -> Option<JoinHandle<()>> {
+        lock(&self.task).take()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,17 @@
+//! Defaults of the proxy settings, shared by the config loader (the `proxy`
+//! section) and the library layers, so both behave alike when unset.
+
+use std::time::Duration;
+
+/// `proxy.connect_timeout`: time to open a connection to the app or a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// `proxy.response_header_timeout`: time for the response head after the request body.
+pub const RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// `proxy.idle_timeout`: no byte either way for this long closes a connection or tunnel.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// `proxy.case_insensitive_paths`: prefixes match ignoring ASCII case.
+pub const CASE_INSENSITIVE_PATHS: bool = true;
+/// `proxy.upgrades`: protocols passed through an `Upgrade`.
+pub const UPGRADES: &[&str] = &["websocket"];
+/// `proxy.max_connections`: public-listener connections served at once.
+pub const MAX_CONNECTIONS: usize = 10_000;
