@@ -18,9 +18,9 @@ use axum::extract::{Extension, Path};
 use axum::routing::{get, post};
 use axum::Router;
 use rolegate::lease::HeldLease;
-use rolegate::proxy::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 use rolegate::store::{LeaseStore, SqliteStore};
 use rolegate::{CoordinatorBuilder, LeaseTimings};
+use rolegate::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 use tower::ServiceBuilder;
 
 #[tokio::main]

@@ -11,7 +11,6 @@ use axum::Router;
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 
 use crate::lease::Coordinator;
 
@@ -224,7 +223,7 @@ pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
-    mut stop: watch::Receiver<bool>,
+    mut stop: crate::shutdown::Shutdown,
 ) {
     let app = router(coordinator, metrics);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
@@ -232,12 +231,12 @@ pub async fn serve(
     loop {
         let slot = tokio::select! {
             s = slots.clone().acquire_owned() => s,
-            _ = crate::listener::stopped(&mut stop) => return,
+            _ = stop.recv() => return,
         };
         let Ok(slot) = slot else { return };
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            _ = crate::listener::stopped(&mut stop) => return,
+            _ = stop.recv() => return,
         };
         let stream = match accepted {
             Ok((stream, _)) => {
@@ -266,7 +265,7 @@ pub async fn serve(
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }
-                _ = crate::listener::stopped(&mut stop) => {
+                _ = stop.recv() => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }

@@ -157,7 +157,7 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     if let Err(e) = &result {
         eprintln!("error: {e}");
     } else {
-        wait_for_stop().await;
+        crate::shutdown::signal().await;
         println!("\nstopping the demo ...");
     }
     // Gateways first (they drain and release), then the apps.
@@ -301,21 +301,6 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
     println!("Ctrl-C stops everything and removes {}.", dir.display());
 }
 
-async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 // ---------------------------------------------------------------------------
 // The demo app: answers with who ran the request and under which lease.
 
@@ -348,7 +333,7 @@ pub async fn run_app(port: u16, name: String) -> ExitCode {
     };
     tokio::select! {
         _ = accept => {}
-        _ = wait_for_stop() => {}
+        _ = crate::shutdown::signal() => {}
     }
     ExitCode::SUCCESS
 }

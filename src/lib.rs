@@ -1,22 +1,41 @@
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 #![doc = include_str!("../docs/library.md")]
 
-pub mod admin;
-pub mod cli;
+mod admin;
+mod cli;
 pub mod config;
-pub mod demo;
+mod demo;
 pub mod events;
-pub mod gateway;
-pub mod identity;
+mod gateway;
+mod identity;
 pub mod lease;
-pub mod listener;
-pub mod proxy;
-pub mod redact;
-pub mod role;
+mod listener;
+mod proxy;
+mod redact;
+mod role;
+mod shutdown;
 pub mod store;
-pub mod telemetry;
+mod telemetry;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod work;
 
-pub use config::{Config, ConfigError, LeaseTimings};
-pub use lease::{Coordinator, CoordinatorBuilder, HeldLease, RoleLease, RolePartition};
+pub use config::{Config, ConfigError};
+pub use lease::{
+    Coordinator, CoordinatorBuilder, CoordinatorError, HeldLease, LeaseTimings, OneShotLease,
+    RoleLease, RolePartition,
+};
+pub use proxy::{
+    Cidr, ForwardError, Forwarder, HolderService, KeyExtractor, KeySource, LayerOptions,
+    PartitionHolderLayer, Problem, Reason, RoleHolderLayer,
+};
+pub use role::{RoleName, RoleNameError, MAX_PARTITION_COUNT, MAX_ROLE_NAME_LEN};
+pub use store::{LeaseStore, StoreConfig, StoreError, StoreKind};
+
+/// Not API: the binary's entry point and the internals that the tests,
+/// benchmarks and fuzz targets exercise directly. May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::cli::main;
+    pub use crate::proxy::{canonical, forward, headers, hop, routes};
+}

@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
-
 /// Largest request head (request line + headers) accepted; larger gets 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
@@ -87,11 +85,6 @@ pub fn connection_cap(max_connections: usize, nofile: Option<u64>) -> usize {
         }
         None => max_connections,
     }
-}
-
-/// Resolves once the flag turns true (the guard is dropped before returning).
-pub(crate) async fn stopped(rx: &mut watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 #[cfg(test)]

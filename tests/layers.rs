@@ -14,9 +14,9 @@ use axum::routing::get;
 use axum::Router;
 use http::{Request, StatusCode};
 use rolegate::lease::HeldLease;
-use rolegate::proxy::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 use rolegate::store::{LeaseStore, MemoryStore};
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
+use rolegate::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 use support::cluster;
 use tower::ServiceBuilder;
 

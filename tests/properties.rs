@@ -7,10 +7,10 @@
 use axum::body::Body;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use proptest::prelude::*;
-use rolegate::proxy::canonical::BadPath;
-use rolegate::proxy::forward::{prepare_headers, HopContext};
-use rolegate::proxy::routes::{RouteError, RouteTable};
-use rolegate::proxy::KeyExtractor;
+use rolegate::__private::canonical::BadPath;
+use rolegate::__private::forward::{prepare_headers, HopContext};
+use rolegate::__private::routes::{RouteError, RouteTable};
+use rolegate::KeyExtractor;
 
 #[derive(Debug, Clone)]
 enum Disguise {

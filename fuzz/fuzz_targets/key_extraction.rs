@@ -8,8 +8,8 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use libfuzzer_sys::fuzz_target;
-use rolegate::proxy::canonical::{canonical, percent_decode, readings};
-use rolegate::proxy::KeyExtractor;
+use rolegate::__private::canonical::{canonical, percent_decode, readings};
+use rolegate::KeyExtractor;
 
 /// Percent-decodes (`+` as space when `plus`), as text when valid UTF-8.
 fn decode(raw: &str, plus: bool) -> Option<String> {

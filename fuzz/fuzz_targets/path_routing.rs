@@ -6,10 +6,10 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use rolegate::proxy::canonical::{
+use rolegate::__private::canonical::{
     canonical, percent_decode, prefix_matches, reading, readings, BadPath, Steps,
 };
-use rolegate::proxy::routes::{RouteError, RouteTable};
+use rolegate::__private::routes::{RouteError, RouteTable};
 
 /// Canonical prefixes of the table, with their targets.
 const PREFIXES: &[(&str, u8)] = &[

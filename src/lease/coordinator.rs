@@ -234,14 +234,17 @@ impl std::fmt::Debug for Coordinator {
 }
 
 impl Coordinator {
+    /// This instance's id (name plus a random suffix).
     pub fn instance_id(&self) -> &str {
         &self.shared.instance().id
     }
 
+    /// The base URL other instances forward to.
     pub fn advertise_address(&self) -> &str {
         &self.shared.instance().address
     }
 
+    /// The store backend's name (`postgres`, `sqlite`, ...).
     pub fn store_kind(&self) -> &'static str {
         self.shared.store().kind()
     }
@@ -306,6 +309,7 @@ impl Coordinator {
         self.shared.subscribe_published()
     }
 
+    /// Counters of store work since start.
     pub fn stats(&self) -> CoordinatorStats {
         let c = &self.shared.counters();
         CoordinatorStats {
@@ -337,6 +341,7 @@ impl Coordinator {
         self.shared.begin_drain();
     }
 
+    /// Whether draining began (no new local work is admitted).
     pub fn is_draining(&self) -> bool {
         self.shared.is_draining()
     }
@@ -420,11 +425,14 @@ impl Coordinator {
 /// A lease taken by [`Coordinator::try_acquire`].
 #[derive(Debug, Clone)]
 pub struct OneShotLease {
+    /// The lease, with its fencing token.
     pub lease: HeldLease,
+    /// Trust it until then (monotonic clock); it is not renewed.
     pub valid_until: Instant,
 }
 
 impl OneShotLease {
+    /// Whether the lease may still be trusted now.
     pub fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until
     }
@@ -433,9 +441,13 @@ impl OneShotLease {
 /// Who holds a role, as this instance last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HolderInfo {
+    /// The holder's instance id.
     pub id: Arc<str>,
+    /// The holder's advertise address.
     pub address: Arc<str>,
+    /// The term's fencing token.
     pub token: u64,
+    /// True when the holder is this instance.
     pub here: bool,
 }
 
@@ -447,6 +459,7 @@ pub struct RoleLease {
 }
 
 impl RoleLease {
+    /// The role's name.
     pub fn name(&self) -> &Arc<str> {
         self.shared.role(self.idx).name.as_arc()
     }
@@ -510,10 +523,12 @@ pub struct RolePartition {
 }
 
 impl RolePartition {
+    /// The partition's name.
     pub fn name(&self) -> &Arc<str> {
         &self.name
     }
 
+    /// How many roles the partition has.
     pub fn count(&self) -> u32 {
         self.count
     }
@@ -528,6 +543,7 @@ impl RolePartition {
         self.resolve_index(partition_index(Some(scope), key, self.count))
     }
 
+    /// Where partition `index` lives now (clamped to the count). No I/O.
     pub fn resolve_index(&self, index: u32) -> PartitionResolution {
         let idx = self.first + index.min(self.count - 1) as usize;
         let snap = self.shared.snapshot();

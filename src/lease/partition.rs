@@ -32,7 +32,9 @@ pub fn partition_index(scope: Option<&str>, key: &str, count: u32) -> u32 {
 /// Where a key lives right now, read from the local snapshot without I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionResolution {
+    /// The partition role the key maps to.
     pub role: Arc<str>,
+    /// Its index within the partition.
     pub index: u32,
     /// True when this instance holds the role at the moment of the call.
     pub held: bool,

@@ -8,9 +8,11 @@ use std::time::Instant;
 /// What this process knows of one role.
 #[derive(Debug, Clone, Default)]
 pub struct RoleState {
+    /// The role.
     pub name: Arc<str>,
     /// Holder id as the store last reported it (may be this instance).
     pub holder: Option<Arc<str>>,
+    /// The holder's advertise address, as the store reported it.
     pub holder_address: Option<Arc<str>>,
     /// Token of the current (or last) term.
     pub token: u64,
@@ -39,7 +41,9 @@ impl RoleState {
 /// All roles, in registration order; published as one `Arc`.
 #[derive(Debug, Clone)]
 pub struct HolderSnapshot {
+    /// Every role, in registration order.
     pub roles: Vec<RoleState>,
+    /// When this snapshot was published.
     pub published_at: Instant,
     /// False until the store answered once and this snapshot came from it.
     pub loaded: bool,

@@ -33,10 +33,15 @@ pub enum BadPath {
 /// One normalization step a framework may or may not apply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Steps {
+    /// Percent-decode once.
     pub decode: bool,
+    /// Read `\\` as `/`.
     pub backslash: bool,
+    /// Drop `;params` from segments.
     pub params: bool,
+    /// Merge repeated slashes.
     pub merge: bool,
+    /// Remove `.` and `..` segments.
     pub dots: bool,
     /// Drop `;parameters` from the raw segments before decoding.
     pub raw_params: bool,

@@ -29,18 +29,53 @@ pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 /// Bytes of a health-probe answer read before the connection is dropped.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
+/// Why a forwarded request got no response, with the underlying cause.
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    #[error("cannot connect to {0}: {1}")]
-    Connect(String, String),
-    #[error("no response head from {0} within {1:?}")]
-    Timeout(String, Duration),
-    #[error("request to {0} failed: {1}")]
-    Failed(String, String),
-    #[error("bad target URL {0}")]
-    BadTarget(String),
+    /// No connection could be made (refused, unreachable, connect timeout).
+    #[error("cannot connect to {target}: {}", error_chain(source))]
+    Connect {
+        /// The base URL.
+        target: String,
+        /// What the client reported.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The response head did not come within `response_header_timeout`.
+    #[error("no response head from {target} within {after:?}")]
+    Timeout {
+        /// The base URL.
+        target: String,
+        /// The timeout that passed.
+        after: Duration,
+    },
+    /// The exchange broke after connecting.
+    #[error("request to {target} failed: {}", error_chain(source))]
+    Failed {
+        /// The base URL.
+        target: String,
+        /// What the client reported.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The next hop answered 101 to a request that asked for no upgrade.
+    #[error("{target} switched protocols unasked")]
+    UnaskedUpgrade {
+        /// The base URL.
+        target: String,
+    },
+    /// Base URL plus path is not a URI.
+    #[error("bad target URL {target}")]
+    BadTarget {
+        /// The base URL.
+        target: String,
+        /// The parse error.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// The TLS client could not be set up.
     #[error("TLS setup failed: {0}")]
-    Tls(String),
+    Tls(#[source] rustls::Error),
     /// The client's request body broke off or was malformed (bad chunk
     /// framing): the client's fault, answered 400.
     #[error("the client's request body was malformed or cut off")]
@@ -65,6 +100,7 @@ impl std::fmt::Debug for Forwarder {
 }
 
 impl Forwarder {
+    /// A client with these timeouts (TLS via rustls and the web PKI roots).
     pub fn new(
         connect_timeout: Duration,
         response_header_timeout: Duration,
@@ -76,7 +112,7 @@ impl Forwarder {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(provider)
-            .map_err(|e| ForwardError::Tls(e.to_string()))?
+            .map_err(ForwardError::Tls)?
             .https_or_http()
             .enable_http1()
             .wrap_connector(http);
@@ -143,9 +179,13 @@ impl Forwarder {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        let target: Uri = format!("{base}{path}")
-            .parse()
-            .map_err(|_| ForwardError::BadTarget(base.to_string()))?;
+        let target: Uri =
+            format!("{base}{path}")
+                .parse()
+                .map_err(|source| ForwardError::BadTarget {
+                    target: base.to_string(),
+                    source,
+                })?;
         *req.uri_mut() = target;
         *req.version_mut() = http::Version::HTTP_11;
         let upgrade = is_upgrade_request(req.headers());
@@ -164,27 +204,34 @@ impl Forwarder {
         };
         let mut resp = match sent {
             None => {
-                return Err(ForwardError::Timeout(
-                    base.to_string(),
-                    self.response_header_timeout,
-                ))
+                return Err(ForwardError::Timeout {
+                    target: base.to_string(),
+                    after: self.response_header_timeout,
+                })
             }
             Some(Err(_)) if watch.failed.load(Ordering::Acquire) => {
                 return Err(ForwardError::ClientBody)
             }
             Some(Err(e)) if e.is_connect() => {
-                return Err(ForwardError::Connect(base.to_string(), error_chain(&e)));
+                return Err(ForwardError::Connect {
+                    target: base.to_string(),
+                    source: e,
+                });
             }
-            Some(Err(e)) => return Err(ForwardError::Failed(base.to_string(), error_chain(&e))),
+            Some(Err(source)) => {
+                return Err(ForwardError::Failed {
+                    target: base.to_string(),
+                    source,
+                })
+            }
             Some(Ok(resp)) => resp,
         };
 
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
             let Some(client_side) = client_side else {
-                return Err(ForwardError::Failed(
-                    base.to_string(),
-                    "peer switched protocols unasked".into(),
-                ));
+                return Err(ForwardError::UnaskedUpgrade {
+                    target: base.to_string(),
+                });
             };
             let peer_side = hyper::upgrade::on(&mut resp);
             let idle = self.idle_timeout;

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::body::Body;
-use http::{HeaderMap, HeaderValue, Request, Response, Uri};
+use http::{HeaderMap, Request, Response, Uri};
 
 use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext};
 use super::headers::HOP;
@@ -124,6 +124,72 @@ impl GateTarget {
     }
 }
 
+/// A gated request, settled: answered already, or to be run here under the lease.
+#[derive(Debug)]
+pub enum Settled {
+    /// The response to send (forwarded answer, or a refusal).
+    Answered(Response<Body>, Outcome),
+    /// Held here: run the request locally under this lease.
+    Local(Request<Body>, HeldLease),
+}
+
+/// Where a failed forward was going.
+#[derive(Debug, Clone, Copy)]
+pub enum NextHop<'a> {
+    /// The app behind this gateway.
+    App {
+        /// The app's base URL (logged redacted).
+        upstream: &'a str,
+    },
+    /// The gateway of the role's holder.
+    Holder {
+        /// The role.
+        role: &'a str,
+        /// The holder's address.
+        address: &'a str,
+    },
+}
+
+/// The one mapping of a forwarding failure to a problem answer: the client's
+/// broken body is a 400 (logged at debug), a timeout and an unreachable next
+/// hop are 503s of their own reasons (logged at warn).
+pub fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
+    let timeout = matches!(e, ForwardError::Timeout { .. });
+    let (reason, detail) = match (e, hop) {
+        (ForwardError::ClientBody, _) => {
+            tracing::debug!(error = %e, "client request body failed");
+            return Problem::new(Reason::BadBody, "the request body was malformed or cut off");
+        }
+        (_, NextHop::App { .. }) if timeout => (
+            Reason::UpstreamTimeout,
+            "the app did not answer in time".to_string(),
+        ),
+        (_, NextHop::App { .. }) => (
+            Reason::UpstreamUnreachable,
+            "the app could not be reached".to_string(),
+        ),
+        (_, NextHop::Holder { role, .. }) if timeout => (
+            Reason::HolderTimeout,
+            format!("the holder of role `{role}` did not answer in time"),
+        ),
+        (_, NextHop::Holder { role, .. }) => (
+            Reason::HolderUnreachable,
+            format!("the holder of role `{role}` could not be reached"),
+        ),
+    };
+    let error = crate::redact::redact_text(&e.to_string());
+    match hop {
+        NextHop::App { upstream } => {
+            let upstream = crate::redact::redact_url(upstream);
+            tracing::warn!(%upstream, %error, "upstream request failed");
+        }
+        NextHop::Holder { role, address } => {
+            tracing::warn!(%role, holder = address, %error, "forwarding to the role holder failed");
+        }
+    }
+    Problem::new(reason, detail)
+}
+
 /// How a request ended, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -237,38 +303,49 @@ impl GateSettings {
         match self.forwarder.proxy(req, address).await {
             Ok(resp) => (resp, Outcome::Forwarded),
             Err(e) => {
-                let (reason, detail) = match e {
-                    ForwardError::ClientBody => {
-                        // The client's fault: not a holder failure.
-                        tracing::debug!(%role, error = %e, "client request body failed while forwarding");
-                        (
-                            Reason::BadBody,
-                            "the request body was malformed or cut off".to_string(),
-                        )
-                    }
-                    ForwardError::Timeout(..) => (
-                        Reason::HolderTimeout,
-                        format!("the holder of role `{role}` did not answer in time"),
-                    ),
-                    _ => (
-                        Reason::HolderUnreachable,
-                        format!("the holder of role `{role}` could not be reached"),
-                    ),
+                let hop = NextHop::Holder {
+                    role: &role,
+                    address,
                 };
-                if reason != Reason::BadBody {
-                    tracing::warn!(%role, holder = address, error = %e, "forwarding to the role holder failed");
-                }
-                let p = Problem::new(reason, detail)
-                    .role(Some(role))
-                    .partition(partition);
-                (
-                    p.into_response(self.retry_after_secs),
-                    Outcome::Rejected(reason),
+                self.reject(
+                    failure_problem(&e, hop)
+                        .role(Some(role.clone()))
+                        .partition(partition),
                 )
             }
         }
     }
 
+    /// Settles a gated request: answers it (forwarded to the holder, or
+    /// refused), or hands it back with the lease to run it here.
+    pub async fn settle(
+        &self,
+        target: &GateTarget,
+        req: Request<Body>,
+        client: Option<SocketAddr>,
+        forwarded: bool,
+    ) -> Settled {
+        match target.decide(req.uri(), req.headers(), forwarded) {
+            Decision::Local(lease) => Settled::Local(req, lease),
+            Decision::Forward { address, role } => {
+                let started = std::time::Instant::now();
+                let partition = target.partition_label();
+                let (resp, outcome) = self
+                    .forward_to_holder(req, client, &address, role, partition)
+                    .await;
+                crate::telemetry::request_metrics()
+                    .forward_holder
+                    .record(started.elapsed().as_secs_f64());
+                Settled::Answered(resp, outcome)
+            }
+            Decision::Reject(p) => {
+                let (resp, outcome) = self.reject(p);
+                Settled::Answered(resp, outcome)
+            }
+        }
+    }
+
+    /// Answers with a problem, counted as rejected for its reason.
     pub fn reject(&self, p: Problem) -> (Response<Body>, Outcome) {
         let reason = p.reason;
         (
@@ -276,11 +353,6 @@ impl GateSettings {
             Outcome::Rejected(reason),
         )
     }
-}
-
-/// Sets the token header value.
-pub fn token_value(token: u64) -> HeaderValue {
-    HeaderValue::from(token)
 }
 
 impl GateTarget {

@@ -8,8 +8,11 @@ use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+/// Set on requests run locally: the role held.
 pub const ROLE: HeaderName = HeaderName::from_static("x-rolegate-role");
+/// Set on requests run locally: the term's fencing token.
 pub const TOKEN: HeaderName = HeaderName::from_static("x-rolegate-token");
+/// The hop marker between gateways.
 pub const HOP: HeaderName = HeaderName::from_static("x-rolegate-hop");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");

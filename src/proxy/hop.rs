@@ -11,6 +11,7 @@ use sha2::Sha256;
 pub const SIGNATURE_WINDOW_SECS: u64 = 30;
 
 #[derive(Clone)]
+/// Makes and verifies hop markers, HMAC-signed when a cluster secret is set.
 pub struct HopSigner {
     /// The keyed HMAC state, cloned per marker.
     key: Option<Hmac<Sha256>>,
@@ -32,6 +33,7 @@ fn unix_now() -> u64 {
 }
 
 impl HopSigner {
+    /// A signer for `proxy.cluster_secret` (unsigned markers without one).
     pub fn new(secret: Option<&str>) -> Self {
         // HMAC takes keys of any length, so this never drops a secret.
         Self {

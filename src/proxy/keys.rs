@@ -28,11 +28,15 @@ type KeyFn = Arc<dyn Fn(&Uri, &HeaderMap) -> Option<String> + Send + Sync>;
 /// Finds a request's partition key. An absent or empty key is `None` (400).
 #[derive(Clone)]
 pub enum KeyExtractor {
+    /// A request header.
     Header(HeaderName),
+    /// A query parameter, by name (compared ignoring case).
     Query(String),
     /// 1-based path segment (`/a/b`: 1 = `a`).
     PathSegment(usize),
+    /// The last path segment.
     PathSegmentLast,
+    /// Your own function of the URI and headers.
     Custom(KeyFn),
 }
 
@@ -49,12 +53,14 @@ impl std::fmt::Debug for KeyExtractor {
 }
 
 impl KeyExtractor {
+    /// The key is the header `name`; fails on an invalid header name.
     pub fn header(name: &str) -> Result<Self, http::header::InvalidHeaderName> {
         Ok(KeyExtractor::Header(HeaderName::from_bytes(
             name.as_bytes(),
         )?))
     }
 
+    /// The key is the query parameter `name`.
     pub fn query(name: impl Into<String>) -> Self {
         KeyExtractor::Query(name.into())
     }
@@ -64,6 +70,7 @@ impl KeyExtractor {
         KeyExtractor::Custom(Arc::new(f))
     }
 
+    /// The extractor a config `key:` describes.
     pub fn from_source(source: &KeySource) -> Self {
         match source {
             // Validated by the config loader.

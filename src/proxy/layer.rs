@@ -16,7 +16,7 @@ use tower::{Layer, Service};
 
 use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder};
-use super::gate::{Decision, GateSettings, GateTarget};
+use super::gate::{GateSettings, GateTarget, Settled};
 use super::headers::strip_rolegate;
 use super::hop::HopSigner;
 use super::keys::KeyExtractor;
@@ -28,8 +28,11 @@ use crate::lease::{Coordinator, HeldLease};
 /// Options shared by both layers.
 #[derive(Clone)]
 pub struct LayerOptions {
+    /// The HTTP client used to forward to holders.
     pub forwarder: Forwarder,
+    /// Signs hop markers; set the same secret on every instance.
     pub cluster_secret: Option<String>,
+    /// `Retry-After` seconds on 503 answers.
     pub retry_after_secs: u64,
     /// Match `prefixes` ignoring ASCII case (default true).
     pub case_insensitive_paths: bool,
@@ -132,6 +135,7 @@ pub struct RoleHolderLayer {
 }
 
 impl RoleHolderLayer {
+    /// Gates every request (or only `prefixes`) on `role`.
     pub fn new(coordinator: &Coordinator, role: &str, options: LayerOptions) -> Self {
         let target = coordinator.role(role).map(GateTarget::Role);
         if target.is_none() {
@@ -160,6 +164,7 @@ pub struct PartitionHolderLayer {
 }
 
 impl PartitionHolderLayer {
+    /// Gates requests on `partition`; `key` finds each request's key.
     pub fn new(
         coordinator: &Coordinator,
         partition: &str,
@@ -270,26 +275,18 @@ where
             let forwarded = gate.settings.take_hop(&mut req);
             // Decide on the headers the inner service will see.
             super::forward::sanitize_headers(req.headers_mut(), true, &gate.settings.upgrades);
-            match target.decide(req.uri(), req.headers(), forwarded) {
-                Decision::Local(lease) => {
+            let client = req
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|c| c.0);
+            match gate.settings.settle(target, req, client, forwarded).await {
+                Settled::Local(mut req, lease) => {
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     req.extensions_mut().insert::<HeldLease>(lease);
                     inner.call(req).await
                 }
-                Decision::Forward { address, role } => {
-                    let client = req
-                        .extensions()
-                        .get::<ConnectInfo<SocketAddr>>()
-                        .map(|c| c.0);
-                    let partition = target.partition_label();
-                    Ok(gate
-                        .settings
-                        .forward_to_holder(req, client, &address, role, partition)
-                        .await
-                        .0)
-                }
-                Decision::Reject(p) => Ok(gate.settings.reject(p).0),
+                Settled::Answered(resp, _) => Ok(resp),
             }
         })
     }

@@ -15,7 +15,7 @@ pub mod routes;
 pub mod trust;
 
 pub use forward::{ForwardError, Forwarder};
-pub use gate::{Decision, GateSettings, GateTarget, Outcome};
+pub use gate::{failure_problem, NextHop, Settled};
 pub use keys::{KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};

@@ -41,6 +41,7 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// The reason's name, as in the problem body and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::MissingKey => "missing-key",
@@ -58,6 +59,7 @@ impl Reason {
         }
     }
 
+    /// The HTTP status it is answered with.
     pub fn status(self) -> StatusCode {
         match self {
             Reason::MissingKey
@@ -93,13 +95,18 @@ impl Reason {
 /// A problem answer under construction.
 #[derive(Debug, Clone)]
 pub struct Problem {
+    /// Why.
     pub reason: Reason,
+    /// A sentence for humans.
     pub detail: String,
+    /// The role involved, when known.
     pub role: Option<Arc<str>>,
+    /// The partition involved, when known.
     pub partition: Option<Arc<str>>,
 }
 
 impl Problem {
+    /// A problem with a reason and a detail.
     pub fn new(reason: Reason, detail: impl Into<String>) -> Self {
         Self {
             reason,
@@ -109,11 +116,13 @@ impl Problem {
         }
     }
 
+    /// Names the role.
     pub fn role(mut self, role: Option<Arc<str>>) -> Self {
         self.role = role;
         self
     }
 
+    /// Names the partition.
     pub fn partition(mut self, partition: Option<Arc<str>>) -> Self {
         self.partition = partition;
         self

@@ -8,6 +8,7 @@ use super::canonical::{self, BadPath};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum RouteError {
     #[error(transparent)]
+    /// The path cannot be read safely.
     BadPath(#[from] BadPath),
     /// Two readings of the path fall under different routes.
     #[error("the path reads as more than one gated route once decoded and normalized")]
@@ -87,6 +88,7 @@ impl<T> RouteTable<T> {
             .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
     }
 
+    /// Whether no prefix is registered.
     pub fn is_empty(&self) -> bool {
         self.targets.is_empty()
     }

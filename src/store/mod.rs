@@ -130,6 +130,16 @@ pub trait LeaseStore: Send + Sync + 'static {
 
 /// Opens the store a config names, applying the schema when `migrate` is set.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    let store = connect(config).await?;
+    if config.migrate {
+        store.migrate().await?;
+    }
+    Ok(store)
+}
+
+/// Opens the store a config names without touching the schema, whatever
+/// `migrate` says (`rolegate status`, or a caller that migrates itself).
+pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
     let store: Arc<dyn LeaseStore> = match config.kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
@@ -155,9 +165,6 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreErro
         #[cfg(not(feature = "etcd"))]
         StoreKind::Etcd => return Err(StoreError::NotBuilt("etcd")),
     };
-    if config.migrate {
-        store.migrate().await?;
-    }
     Ok(store)
 }
 

@@ -7,9 +7,13 @@ use std::time::{Duration, SystemTime};
 /// up to `jitter` (0..=1) of the delay taken off at random so retries spread.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
+    /// First delay.
     pub base: Duration,
+    /// Growth per attempt.
     pub factor: f64,
+    /// Largest delay.
     pub max: Duration,
+    /// Random spread, as a fraction of the delay (0 to 1).
     pub jitter: f64,
 }
 
@@ -47,10 +51,12 @@ impl Backoff {
 /// Fixed retry steps (`1m, 5m, 30m, 2h`); past the last step, `None`: give up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryLadder {
+    /// Delay after attempt 1, 2, ...; the last repeats.
     pub steps: Vec<Duration>,
 }
 
 impl RetryLadder {
+    /// A ladder of these steps.
     pub fn new(steps: impl Into<Vec<Duration>>) -> Self {
         Self {
             steps: steps.into(),

@@ -190,8 +190,11 @@ impl WorkTable {
 /// the app's own row as the database returned it.
 #[derive(Debug, Clone)]
 pub struct Claimed<R> {
+    /// The row's id.
     pub id: i64,
+    /// The claim's lock id: pass it back to complete, fail or release.
     pub lock_id: Arc<str>,
+    /// The row as read.
     pub row: R,
 }
 
@@ -241,8 +244,10 @@ fn unix_ms(t: SystemTime) -> Result<i64, WorkError> {
 #[derive(Debug, Clone)]
 pub enum WorkPool {
     #[cfg(feature = "postgres")]
+    /// A PostgreSQL pool.
     Postgres(sqlx::PgPool),
     #[cfg(feature = "sqlite")]
+    /// A SQLite pool.
     Sqlite(sqlx::SqlitePool),
 }
 
@@ -258,8 +263,10 @@ pub struct WorkQueue {
 /// columns with `sqlx::Row::try_get`).
 pub enum ClaimedRows {
     #[cfg(feature = "postgres")]
+    /// Rows from PostgreSQL.
     Postgres(Vec<Claimed<sqlx::postgres::PgRow>>),
     #[cfg(feature = "sqlite")]
+    /// Rows from SQLite.
     Sqlite(Vec<Claimed<sqlx::sqlite::SqliteRow>>),
 }
 
@@ -280,6 +287,7 @@ impl ClaimedRows {
         }
     }
 
+    /// How many rows were claimed.
     pub fn len(&self) -> usize {
         match self {
             #[cfg(feature = "postgres")]
@@ -289,6 +297,7 @@ impl ClaimedRows {
         }
     }
 
+    /// Whether none were.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -1,0 +1,178 @@
+//! The command line: `run` (default), `check-config`, `migrate`, `status`,
+//! `resolve`, `demo`, `probe`. Exit codes: 0 success, 2 usage or config,
+//! 1 runtime failure. This is the binary's edge: errors are rendered here,
+//! with their whole chain of causes.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::config::Config;
+
+#[derive(Debug, Parser)]
+#[command(name = "rolegate", version, about = "Lease-coordinated HTTP gateway")]
+pub(crate) struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+    /// Config file (for `run` when no subcommand is given).
+    #[arg(long, short, global = true, default_value = "rolegate.yaml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run the gateway (the default).
+    Run {
+        /// Append a JSON-lines log of held intervals and local admissions
+        /// (CLOCK_MONOTONIC nanoseconds) to FILE, for fault-injection checks.
+        #[arg(long, value_name = "FILE")]
+        events: Option<PathBuf>,
+    },
+    /// Validate the config and print it resolved (exit 2 when refused).
+    CheckConfig,
+    /// Apply the store schema.
+    Migrate,
+    /// Print the store's lease table.
+    Status {
+        /// JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// A local cluster: three gateways and three demo apps on the embedded store.
+    Demo {
+        /// First public port (admin ports at +10, apps at +20); 0 picks free ports.
+        #[arg(long, default_value_t = 8081)]
+        base_port: u16,
+        /// Store kind for the demo cluster.
+        #[arg(long, default_value = "sqlite")]
+        store: String,
+        /// Store URL (needed for every store but sqlite).
+        #[arg(long)]
+        store_url: Option<String>,
+    },
+    /// GET a URL; exit 0 on a 2xx answer within 3 s (container health checks).
+    Probe { url: String },
+    /// The demo's app (used by `demo`).
+    #[command(hide = true)]
+    DemoApp {
+        #[arg(long)]
+        port: u16,
+        #[arg(long)]
+        name: String,
+    },
+    /// Which partition role a key maps to.
+    Resolve {
+        partition: String,
+        key: String,
+        #[arg(long)]
+        scope: Option<String>,
+    },
+}
+
+/// Exit code of a runtime failure (store down, port taken).
+pub(crate) const EXIT_RUNTIME: u8 = 1;
+/// Exit code of a usage or config error.
+pub(crate) const EXIT_CONFIG: u8 = 2;
+
+/// Loads the config or prints the refusal; `Err` carries the exit code.
+/// Loads a config, or prints why not and gives the exit code.
+pub(crate) fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
+    Config::load(path).map_err(|e| {
+        eprintln!("error: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+fn init_logging(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// An error with its causes, `outer: cause: root cause`, each said once.
+pub(crate) fn report(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = cause.source();
+    }
+    crate::redact::redact_text(&text)
+}
+
+/// Prints an error with its causes and gives the runtime-failure exit code.
+pub(crate) fn fail(error: &dyn std::error::Error) -> ExitCode {
+    eprintln!("error: {}", report(error));
+    ExitCode::from(EXIT_RUNTIME)
+}
+
+/// The `rolegate` binary: parses the arguments and runs one command.
+pub fn main() -> ExitCode {
+    let args = Cli::parse();
+    init_logging(args.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    runtime.block_on(dispatch(args))
+}
+
+async fn dispatch(args: Cli) -> ExitCode {
+    let config = args.config.as_path();
+    match args.command.unwrap_or(Command::Run { events: None }) {
+        Command::Run { events } => commands::run(config, events.as_deref()).await,
+        Command::CheckConfig => commands::check_config(config),
+        Command::Migrate => commands::migrate(config).await,
+        Command::Status { json } => commands::status(config, json).await,
+        Command::Resolve {
+            partition,
+            key,
+            scope,
+        } => commands::resolve(config, &partition, &key, scope.as_deref()),
+        Command::Demo {
+            base_port,
+            store,
+            store_url,
+        } => {
+            let options = crate::demo::DemoOptions {
+                base_port,
+                store,
+                store_url,
+            };
+            crate::demo::run(options).await
+        }
+        Command::Probe { url } => commands::probe(&url).await,
+        Command::DemoApp { port, name } => crate::demo::run_app(port, name).await,
+    }
+}

@@ -1,0 +1,264 @@
+//! The request handler of the public listener: refuse what cannot be
+//! routed safely, find the route, settle a gated request (here, forwarded,
+//! or refused), and pass everything else to the app.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::body::Body;
+use http::{Request, Response};
+use http_body::Body as _;
+use hyper::body::Incoming;
+
+use super::GatewayError;
+use crate::config::{Config, RouteTarget};
+use crate::events::EventLog;
+use crate::lease::Coordinator;
+use crate::proxy::forward::{prepare_headers, sanitize_headers};
+use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
+use crate::proxy::headers::{ROLE, TOKEN};
+use crate::proxy::hop::HopSigner;
+use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::routes::{RouteError, RouteTable};
+use crate::proxy::{failure_problem, Forwarder, KeyExtractor, NextHop, Settled};
+use crate::telemetry::{self, TrackedBody};
+
+/// Everything a request needs, shared by all connections.
+pub(crate) struct GatewayState {
+    routes: RouteTable<GateTarget>,
+    settings: GateSettings,
+    upstream: String,
+    /// `--events`: local admissions are logged here.
+    events: Option<Arc<EventLog>>,
+}
+
+impl GatewayState {
+    /// Builds the route table from the config against a started coordinator.
+    pub(crate) fn new(
+        config: &Config,
+        coordinator: &Coordinator,
+        forwarder: Forwarder,
+        events: Option<Arc<EventLog>>,
+    ) -> Result<Self, GatewayError> {
+        let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
+        for r in &config.routes {
+            let target = match &r.target {
+                RouteTarget::Role(name) => GateTarget::Role(
+                    coordinator
+                        .role(name)
+                        .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
+                ),
+                RouteTarget::Partition { name, scope, key } => GateTarget::Partition {
+                    partition: coordinator
+                        .partition(name)
+                        .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
+                    scope: scope.as_deref().map(Arc::from),
+                    key: KeyExtractor::from_source(key),
+                },
+            };
+            routes.add(&r.prefixes, target);
+        }
+        let upstream = config
+            .upstream
+            .as_ref()
+            .map(|u| u.url.clone())
+            .ok_or(GatewayError::NoUpstream)?;
+        Ok(Self {
+            routes,
+            settings: GateSettings {
+                instance_id: coordinator.instance_id().into(),
+                signer: HopSigner::new(config.proxy.cluster_secret.as_deref()),
+                retry_after_secs: config.retry_after_secs(),
+                forwarder,
+                upgrades: config.proxy.upgrades.clone().into(),
+                trusted_proxies: config.proxy.trusted_proxies.clone().into(),
+            },
+            upstream,
+            events,
+        })
+    }
+
+    /// Answers one request.
+    pub(crate) async fn handle(
+        &self,
+        req: Request<Incoming>,
+        client: SocketAddr,
+    ) -> Response<Body> {
+        let mut req = req.map(Body::new);
+        if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
+            // A server-wide capability probe: answered here, gating nothing.
+            let mut resp = Response::new(Body::empty());
+            resp.headers_mut().insert(
+                http::header::ALLOW,
+                http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
+            );
+            return finish(resp, Outcome::Passthrough);
+        }
+        if let Some(problem) = refuse_request(&req) {
+            let (resp, outcome) = self.settings.reject(problem);
+            return finish(resp, outcome);
+        }
+        let target = match self.routes.find(req.uri().path()) {
+            Ok(target) => target,
+            Err(e) => {
+                let reason = match e {
+                    RouteError::Ambiguous => Reason::AmbiguousPath,
+                    RouteError::BadPath(_) => Reason::BadRequest,
+                };
+                let (resp, outcome) = self.settings.reject(Problem::new(reason, e.to_string()));
+                return finish(resp, outcome);
+            }
+        };
+        let Some(target) = target else {
+            // Remember a verified hop (its forwarding fields are trusted).
+            self.settings.take_hop(&mut req);
+            let (resp, outcome) = self.to_upstream(req, client, None).await;
+            return finish(resp, outcome);
+        };
+        let forwarded = self.settings.take_hop(&mut req);
+        // Decide on the headers the app will see.
+        let trusted = self.settings.trusts(&req, Some(client));
+        sanitize_headers(req.headers_mut(), trusted, &self.settings.upgrades);
+        let (resp, outcome) = match self
+            .settings
+            .settle(target, req, Some(client), forwarded)
+            .await
+        {
+            Settled::Local(req, lease) => {
+                if let Some(log) = &self.events {
+                    log.admitted(
+                        &self.settings.instance_id,
+                        &lease.role,
+                        lease.token,
+                        lease.checked_at,
+                    );
+                }
+                self.to_upstream(req, client, Some((lease.role, lease.token)))
+                    .await
+            }
+            Settled::Answered(resp, outcome) => (resp, outcome),
+        };
+        tracing::debug!(
+            ?outcome,
+            status = resp.status().as_u16(),
+            "role route answered"
+        );
+        finish(resp, outcome)
+    }
+
+    async fn to_upstream(
+        &self,
+        mut req: Request<Body>,
+        client: SocketAddr,
+        lease: Option<(Arc<str>, u64)>,
+    ) -> (Response<Body>, Outcome) {
+        let trusted = self.settings.trusts(&req, Some(client));
+        prepare_headers(
+            &mut req,
+            self.settings.hop_context(trusted, Some(client), false),
+        );
+        let outcome = match &lease {
+            Some((role, token)) => {
+                if let Ok(v) = http::HeaderValue::from_str(role) {
+                    req.headers_mut().insert(ROLE, v);
+                }
+                req.headers_mut()
+                    .insert(TOKEN, http::HeaderValue::from(*token));
+                Outcome::Local
+            }
+            None => Outcome::Passthrough,
+        };
+        let started = std::time::Instant::now();
+        let answer = self.settings.forwarder.proxy(req, &self.upstream).await;
+        telemetry::request_metrics()
+            .forward_upstream
+            .record(started.elapsed().as_secs_f64());
+        match answer {
+            Ok(resp) => (resp, outcome),
+            Err(e) => {
+                let hop = NextHop::App {
+                    upstream: &self.upstream,
+                };
+                let p = failure_problem(&e, hop).role(lease.map(|(r, _)| r));
+                self.settings.reject(p)
+            }
+        }
+    }
+}
+
+/// Requests refused before routing: `CONNECT` (405), a target that is not a
+/// path (400; `OPTIONS *` is answered earlier, by the gateway), two `Host`
+/// fields, or an HTTP/1.1 request without one (400).
+fn refuse_request(req: &Request<Body>) -> Option<Problem> {
+    if req.method() == http::Method::CONNECT {
+        return Some(Problem::new(
+            Reason::MethodNotAllowed,
+            "CONNECT is not supported",
+        ));
+    }
+    if !req.uri().path().starts_with('/') {
+        return Some(Problem::new(
+            Reason::BadRequest,
+            "the request target must be a path starting with /",
+        ));
+    }
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    let http11 = req.version() == http::Version::HTTP_11;
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "the request has more than one Host field",
+            ))
+        }
+        (None, _) if http11 => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "an HTTP/1.1 request needs a Host field",
+            ))
+        }
+        (Some(h), None) if http11 && h.is_empty() => {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "an HTTP/1.1 request needs a non-empty Host field",
+            ))
+        }
+        _ => {}
+    }
+    // `Connection` may not name the fields that frame or address the request:
+    // stripping them would change what the app sees (its Host above all).
+    let framing = [
+        http::header::HOST,
+        http::header::CONTENT_LENGTH,
+        http::header::TRANSFER_ENCODING,
+    ];
+    let names_framing = req
+        .headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|t| http::HeaderName::from_bytes(t.trim_ascii()).ok())
+        .any(|n| framing.contains(&n));
+    names_framing.then(|| {
+        Problem::new(
+            Reason::BadRequest,
+            "Connection may not name Host, Content-Length or Transfer-Encoding",
+        )
+    })
+}
+
+/// Counts the outcome and tracks the body while it streams.
+fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+    let label = match outcome {
+        Outcome::Local => "local",
+        Outcome::Forwarded => "forwarded",
+        Outcome::Passthrough => "passthrough",
+        Outcome::Rejected(r) if r.status().is_client_error() => "bad_request",
+        Outcome::Rejected(r) => r.as_str(),
+    };
+    telemetry::request_metrics().count(label);
+    if resp.body().is_end_stream() {
+        return resp;
+    }
+    resp.map(TrackedBody::wrap)
+}

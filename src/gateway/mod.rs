@@ -1,0 +1,245 @@
+//! The `rolegate run` binary's wiring: open the store, start the
+//! coordinator, bind both listeners, serve until a signal, then drain and
+//! release. The request handler (`handler.rs`), the accept loop
+//! (`server.rs`) and the health probe (`health.rs`) live beside it.
+
+mod handler;
+mod health;
+mod server;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::net::TcpListener;
+
+use crate::config::Config;
+use crate::events::EventLog;
+use crate::lease::{Coordinator, CoordinatorError};
+use crate::listener::{connection_cap, raise_nofile_limit};
+use crate::proxy::{ForwardError, Forwarder};
+use crate::store::{LeaseStore, StoreError};
+use crate::telemetry;
+use handler::GatewayState;
+use server::{bind_listener, serve, ConnectionTracker, ServeLimits};
+
+/// Why the gateway could not start.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GatewayError {
+    /// `upstream.url` is missing.
+    #[error("upstream.url is required to run the gateway")]
+    NoUpstream,
+    /// A route names a role or partition the coordinator does not know.
+    #[error("`{0}` is not registered with the coordinator")]
+    NotRegistered(String),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}{which}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// `""` or `" (admin)"`.
+        which: &'static str,
+        /// The socket error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store could not be opened.
+    #[error("cannot open the lease store")]
+    Store(#[from] StoreError),
+    /// The coordinator refused the registrations.
+    #[error("cannot start the coordinator")]
+    Coordinator(#[from] CoordinatorError),
+    /// The HTTP client could not be built.
+    #[error("cannot build the HTTP client")]
+    Client(#[from] ForwardError),
+}
+
+/// Runs the gateway until SIGTERM/SIGINT, then drains and releases.
+pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result<(), GatewayError> {
+    let limits = ServeLimits {
+        max_connections: connection_limit(&config),
+        idle_timeout: config.proxy.idle_timeout,
+    };
+    // Metrics first, so every handle created below reports to the recorder.
+    let metrics = install_metrics();
+    let listener = bind_listener(config.listen).map_err(|source| GatewayError::Listen {
+        addr: config.listen,
+        which: "",
+        source,
+    })?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(|source| GatewayError::Listen {
+            addr: config.admin_listen,
+            which: " (admin)",
+            source,
+        })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| GatewayError::Listen {
+            addr: config.listen,
+            which: "",
+            source,
+        })?;
+    let advertise = crate::identity::advertise_address(config.instance.advertise.as_deref(), bound);
+    let store = open_store(&config).await?;
+    let mut builder = config.coordinator(store).advertise(advertise.clone());
+    if let Some(log) = &events {
+        let log = log.clone();
+        builder = builder.on_lease_event(move |e| log.lease(&e));
+    }
+    let coordinator = builder.start()?;
+    if let Some(log) = &events {
+        log.started(coordinator.instance_id());
+    }
+    let forwarder = Forwarder::new(
+        config.proxy.connect_timeout,
+        config.proxy.response_header_timeout,
+    )?
+    .with_idle_timeout(config.proxy.idle_timeout);
+    let state = Arc::new(GatewayState::new(&config, &coordinator, forwarder, events)?);
+    tracing::info!(
+        instance = coordinator.instance_id(),
+        listen = %bound,
+        admin = %config.admin_listen,
+        advertise = %advertise,
+        store = coordinator.store_kind(),
+        roles = coordinator.role_names().len(),
+        "rolegate gateway started"
+    );
+    start_health(&config, &coordinator)?;
+
+    let tracker = ConnectionTracker::default();
+    let (admin_stop, admin_shutdown) = crate::shutdown::channel();
+    let admin_task = tokio::spawn(crate::admin::serve(
+        admin,
+        coordinator.clone(),
+        metrics,
+        admin_shutdown,
+    ));
+    let server = tokio::spawn(serve(listener, state, tracker.clone(), limits));
+
+    crate::shutdown::signal().await;
+    drain(&config, &coordinator, &tracker, server).await;
+    admin_stop.fire();
+    let _ = admin_task.await;
+    tracing::info!("stopped; leases released");
+    Ok(())
+}
+
+/// `proxy.max_connections`, lowered to fit the open-files limit.
+fn connection_limit(config: &Config) -> usize {
+    let nofile = raise_nofile_limit();
+    let max_connections = connection_cap(config.proxy.max_connections, nofile);
+    if max_connections < config.proxy.max_connections {
+        tracing::warn!(
+            configured = config.proxy.max_connections,
+            open_files_limit = nofile,
+            using = max_connections,
+            "proxy.max_connections lowered to fit the open-files limit"
+        );
+    }
+    max_connections
+}
+
+fn install_metrics() -> Option<PrometheusHandle> {
+    match telemetry::install() {
+        Ok(handle) => {
+            // Histograms keep raw samples until summarized: summarize them
+            // regularly, not only when /metrics is scraped.
+            let upkeep = handle.clone();
+            tokio::spawn(async move {
+                let mut every = tokio::time::interval(Duration::from_secs(5));
+                loop {
+                    every.tick().await;
+                    upkeep.run_upkeep();
+                }
+            });
+            Some(handle)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "metrics recorder not installed; /metrics will be empty");
+            None
+        }
+    }
+}
+
+/// Opens the store. With `store.migrate`, the schema is applied; if the
+/// store does not answer at once, that keeps being retried in the
+/// background while the coordinator retries and readiness says 503.
+async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    let store = crate::store::connect(&config.store).await?;
+    if !config.store.migrate {
+        return Ok(store);
+    }
+    let first = tokio::time::timeout(Duration::from_secs(3), store.migrate()).await;
+    if !matches!(first, Ok(Ok(()))) {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(200);
+            loop {
+                match store.migrate().await {
+                    Ok(()) => {
+                        tracing::info!("store schema applied");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "applying the store schema failed; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(5));
+                    }
+                }
+            }
+        });
+    }
+    Ok(store)
+}
+
+/// Starts the health probe when `upstream.health` is set.
+fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), GatewayError> {
+    metrics::gauge!(telemetry::CANDIDATE).set(1.0);
+    let Some(upstream) = &config.upstream else {
+        return Ok(());
+    };
+    if let Some(health) = upstream.health.clone() {
+        let probe = Forwarder::new(
+            config.proxy.connect_timeout,
+            config.proxy.response_header_timeout,
+        )?;
+        tokio::spawn(health::watch_health(
+            coordinator.clone(),
+            probe,
+            upstream.url.clone(),
+            health,
+        ));
+    }
+    Ok(())
+}
+
+/// The graceful stop: no new local work, in-flight requests drain (up to
+/// `drain_timeout`), then every held role is released in one store call.
+/// A second signal exits at once.
+async fn drain(
+    config: &Config,
+    coordinator: &Coordinator,
+    tracker: &ConnectionTracker,
+    server: tokio::task::JoinHandle<()>,
+) {
+    tracing::info!(drain_timeout = ?config.shutdown.drain_timeout, "stopping: no new local work, draining in-flight requests");
+    tokio::spawn(async {
+        crate::shutdown::signal().await;
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(1);
+    });
+    coordinator.begin_drain();
+    tracker.begin_shutdown();
+    let _ = server.await;
+    if !tracker.wait_idle(config.shutdown.drain_timeout).await {
+        tracing::warn!(
+            open = tracker.open(),
+            "drain timeout reached; closing remaining connections"
+        );
+    }
+    coordinator.shutdown().await;
+}

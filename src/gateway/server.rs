@@ -1,0 +1,187 @@
+//! The public listener: accept with a connection cap and backoff, serve
+//! each connection with head limits and an idle timeout, and track open
+//! connections so a stop can drain them.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+use super::handler::GatewayState;
+use crate::listener::{AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::proxy::idle::{Progress, ProgressIo};
+use crate::shutdown::{self, Shutdown, ShutdownTrigger};
+
+/// Open connections, so shutdown can wait for them to finish.
+#[derive(Clone)]
+pub(crate) struct ConnectionTracker {
+    active: Arc<AtomicUsize>,
+    idle: Arc<Notify>,
+    stop: Arc<ShutdownTrigger>,
+}
+
+impl Default for ConnectionTracker {
+    fn default() -> Self {
+        Self {
+            active: Arc::new(AtomicUsize::new(0)),
+            idle: Arc::new(Notify::new()),
+            stop: Arc::new(shutdown::channel().0),
+        }
+    }
+}
+
+impl ConnectionTracker {
+    /// Asks every connection to finish its in-flight request and close.
+    pub(crate) fn begin_shutdown(&self) {
+        self.stop.fire();
+    }
+
+    /// Counts a connection open until the guard drops.
+    fn enter(&self) -> OpenConnection {
+        self.active.fetch_add(1, Ordering::AcqRel);
+        OpenConnection(self.clone())
+    }
+
+    /// Waits until no connection is open, or `limit` passes. True if all closed.
+    pub(crate) async fn wait_idle(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            if self.active.load(Ordering::Acquire) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.active.load(Ordering::Acquire) == 0;
+            }
+        }
+    }
+
+    pub(crate) fn open(&self) -> usize {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+/// One open connection; dropping it counts the connection closed.
+struct OpenConnection(ConnectionTracker);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        if self.0.active.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Connection limits of the public listener.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ServeLimits {
+    /// Connections served at once; beyond it new ones wait in the backlog.
+    pub(crate) max_connections: usize,
+    /// No byte either way for this long closes the connection.
+    pub(crate) idle_timeout: Duration,
+}
+
+/// Accepts connections until the tracker's shutdown begins.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    state: Arc<GatewayState>,
+    tracker: ConnectionTracker,
+    limits: ServeLimits,
+) {
+    let mut stop = tracker.stop.subscribe();
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    let mut accept_errors = AcceptBackoff::default();
+    loop {
+        // Take a slot first: at the cap, connections wait in the kernel's
+        // backlog and file descriptors stay free for the admin listener.
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s,
+            _ = stop.recv() => return,
+        };
+        let Ok(slot) = slot else { return };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.recv() => return,
+        };
+        let (stream, client) = match accepted {
+            Ok(pair) => {
+                accept_errors.reset();
+                pair
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: back off, never exit.
+                accept_errors.failed(&e).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let open = tracker.enter();
+        let connection = serve_connection(stream, client, state.clone(), limits, stop.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let _open = open;
+            connection.await;
+        });
+    }
+}
+
+/// Serves one connection until it closes, idles out, or shutdown drains it.
+async fn serve_connection(
+    stream: TcpStream,
+    client: SocketAddr,
+    state: Arc<GatewayState>,
+    limits: ServeLimits,
+    mut stop: Shutdown,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(state.handle(req, client).await) }
+    });
+    let progress = Progress::new();
+    progress.touch();
+    let io = ProgressIo::new(stream, progress.clone());
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS)
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = progress.idle_for(limits.idle_timeout) => {
+            tracing::debug!(%client, idle = ?limits.idle_timeout, "connection idle; closing");
+            Ok(())
+        }
+        _ = stop.recv() => {
+            conn.as_mut().graceful_shutdown();
+            tokio::select! {
+                r = conn.as_mut() => r,
+                _ = progress.idle_for(limits.idle_timeout) => Ok(()),
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%client, error = %e, "connection ended with an error");
+    }
+}
+
+/// Binds the public listener with a deep accept backlog, so a burst of new
+/// connections is queued rather than dropped (a dropped SYN costs the client
+/// a 1 s retransmit, as long as a default connect timeout).
+pub(crate) fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
