@@ -50,22 +50,45 @@ fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
-fn pick_ports(base: u16) -> Result<Vec<(u16, u16, u16)>, String> {
+/// Why the demo could not start.
+#[derive(Debug, thiserror::Error)]
+enum DemoError {
+    /// A file or process operation failed.
+    #[error("{what}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// Ports, options or a gateway that did not come up.
+    #[error("{0}")]
+    Setup(String),
+    /// The readiness probe's client.
+    #[error("cannot build the HTTP client")]
+    Client(#[from] crate::proxy::ForwardError),
+}
+
+fn io(what: String) -> impl FnOnce(std::io::Error) -> DemoError {
+    move |source| DemoError::Io { what, source }
+}
+
+fn pick_ports(base: u16) -> Result<Vec<(u16, u16, u16)>, DemoError> {
+    let no_port = || DemoError::Setup("no free port".into());
     let mut out = Vec::new();
     for i in 0..INSTANCES as u16 {
         let ports = if base == 0 {
             (
-                free_port().ok_or("no free port")?,
-                free_port().ok_or("no free port")?,
-                free_port().ok_or("no free port")?,
+                free_port().ok_or_else(no_port)?,
+                free_port().ok_or_else(no_port)?,
+                free_port().ok_or_else(no_port)?,
             )
         } else {
             let p = (base + i, base + 10 + i, base + 20 + i);
             for port in [p.0, p.1, p.2] {
                 if !port_free(port) {
-                    return Err(format!(
+                    return Err(DemoError::Setup(format!(
                         "port {port} is in use; pick other ports with --base-port N (or 0 for any free ports)"
-                    ));
+                    )));
                 }
             }
             p
@@ -116,17 +139,16 @@ shutdown:
     )
 }
 
-fn spawn(args: &[&str], log: &Path) -> Result<Child, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
-    let log =
-        std::fs::File::create(log).map_err(|e| format!("cannot create {}: {e}", log.display()))?;
+fn spawn(args: &[&str], log: &Path) -> Result<Child, DemoError> {
+    let exe = std::env::current_exe().map_err(io("cannot find this binary".into()))?;
+    let log = std::fs::File::create(log).map_err(io(format!("cannot create {}", log.display())))?;
     Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .map_err(|e| format!("cannot start {args:?}: {e}"))
+        .map_err(io(format!("cannot start {args:?}")))
 }
 
 fn terminate(child: &mut Child) {
@@ -155,7 +177,7 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     let mut nodes = Vec::new();
     let result = start(&options, &dir, &mut nodes).await;
     if let Err(e) = &result {
-        eprintln!("error: {e}");
+        eprintln!("error: {}", crate::cli::report(e));
     } else {
         crate::shutdown::signal().await;
         println!("\nstopping the demo ...");
@@ -185,8 +207,12 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     }
 }
 
-async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+async fn start(
+    options: &DemoOptions,
+    dir: &PathBuf,
+    nodes: &mut Vec<Node>,
+) -> Result<(), DemoError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("cannot create {}", dir.display())))?;
     let ports = pick_ports(options.base_port)?;
     let (store_kind, store_url) = match (options.store.as_str(), &options.store_url) {
         ("sqlite", None) => (
@@ -194,7 +220,11 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
             format!("sqlite://{}/leases.db", dir.display()),
         ),
         (kind, Some(url)) => (kind.to_string(), url.clone()),
-        (kind, None) => return Err(format!("--store {kind} needs --store-url")),
+        (kind, None) => {
+            return Err(DemoError::Setup(format!(
+                "--store {kind} needs --store-url"
+            )))
+        }
     };
     for (i, (public, admin, app)) in ports.into_iter().enumerate() {
         nodes.push(Node {
@@ -206,8 +236,7 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
             app_child: None,
         });
     }
-    let probe = Forwarder::new(Duration::from_millis(500), Duration::from_secs(2))
-        .map_err(|e| e.to_string())?;
+    let probe = Forwarder::new(Duration::from_millis(500), Duration::from_secs(2))?;
     for n in nodes.iter_mut() {
         let port = n.app.to_string();
         n.app_child = Some(spawn(
@@ -225,7 +254,7 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
     for (i, node) in nodes.iter_mut().enumerate() {
         let config = dir.join(format!("{}.yaml", node.name));
         std::fs::write(&config, config_text(node, &store_kind, &store_url))
-            .map_err(|e| format!("cannot write {}: {e}", config.display()))?;
+            .map_err(io(format!("cannot write {}", config.display())))?;
         let config = config.display().to_string();
         node.gateway = Some(spawn(
             &["run", "--config", &config],
@@ -235,18 +264,18 @@ async fn start(options: &DemoOptions, dir: &PathBuf, nodes: &mut Vec<Node>) -> R
         let started = Instant::now();
         while !probe.probe(&ready, Duration::from_millis(500)).await {
             if started.elapsed() > Duration::from_secs(15) {
-                return Err(format!(
+                return Err(DemoError::Setup(format!(
                     "{} did not become ready; see {}",
                     node.name,
                     dir.join(format!("{}.log", node.name)).display()
-                ));
+                )));
             }
             if let Some(Ok(Some(status))) = node.gateway.as_mut().map(|g| g.try_wait()) {
-                return Err(format!(
+                return Err(DemoError::Setup(format!(
                     "{} exited ({status}); see {}",
                     node.name,
                     dir.join(format!("{}.log", node.name)).display()
-                ));
+                )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -32,15 +32,13 @@ pub const READY: &str = "rolegate_ready";
 pub const HEALTH_PROBES: &str = "rolegate_health_probes_total";
 
 /// Installs the Prometheus recorder for this process.
-pub fn install() -> Result<PrometheusHandle, String> {
+pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let buckets = [
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     ];
     let handle = PrometheusBuilder::new()
-        .set_buckets(&buckets)
-        .map_err(|e| e.to_string())?
-        .install_recorder()
-        .map_err(|e| e.to_string())?;
+        .set_buckets(&buckets)?
+        .install_recorder()?;
     describe();
     // Resolve the per-request handles against this recorder now, and show
     // every outcome at zero from the start.

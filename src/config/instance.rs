@@ -39,8 +39,9 @@ impl Resolver<'_> {
         let advertise = match &raw.advertise {
             Some(t) => {
                 let s = self.text(t, "instance.advertise")?;
-                check_http_url(&s)
-                    .map_err(|m| self.err(Some(&t.referenced), "instance.advertise", m))?;
+                check_http_url(&s).map_err(|e| {
+                    self.err(Some(&t.referenced), "instance.advertise", e.to_string())
+                })?;
                 Some(s.trim_end_matches('/').to_string())
             }
             None => None,
@@ -50,7 +51,8 @@ impl Resolver<'_> {
 
     pub(super) fn upstream(&self, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
         let url = self.text(&u.url, "upstream.url")?;
-        check_http_url(&url).map_err(|m| self.err(Some(&u.url.referenced), "upstream.url", m))?;
+        check_http_url(&url)
+            .map_err(|e| self.err(Some(&u.url.referenced), "upstream.url", e.to_string()))?;
         let health = u.health.as_ref().map(|h| self.health(h)).transpose()?;
         Ok(UpstreamConfig {
             url: url.trim_end_matches('/').to_string(),

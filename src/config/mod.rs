@@ -23,7 +23,7 @@ mod tests;
 pub use crate::lease::LeaseTimings;
 pub use crate::proxy::KeySource;
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
-pub use resolve::expand_env;
+pub use resolve::{expand_env, EnvError};
 
 use std::sync::Arc;
 

@@ -7,6 +7,7 @@ use super::raw::{RawProxy, Text};
 use super::resolve::Resolver;
 use super::{ConfigError, ProxyConfig};
 use crate::proxy::defaults as d;
+use crate::proxy::trust::CidrError;
 use crate::proxy::Cidr;
 
 impl Resolver<'_> {
@@ -115,7 +116,7 @@ impl Resolver<'_> {
             let text = self.text(t, &key)?;
             trusted.push(
                 text.parse()
-                    .map_err(|m: String| self.err(Some(&t.referenced), &key, m))?,
+                    .map_err(|e: CidrError| self.err(Some(&t.referenced), &key, e.to_string()))?,
             );
         }
         Ok(trusted)

@@ -37,7 +37,8 @@ impl Resolver<'_> {
 
     /// Expands `${VAR}` in a string value; `$$` is a literal `$`.
     pub(super) fn text(&self, t: &Text, key: &str) -> Result<String, ConfigError> {
-        expand_env(&t.value, self.env).map_err(|m| self.err(Some(&t.referenced), key, m))
+        expand_env(&t.value, self.env)
+            .map_err(|e| self.err(Some(&t.referenced), key, e.to_string()))
     }
 
     pub(super) fn opt_text(
@@ -163,24 +164,47 @@ impl Resolver<'_> {
     }
 }
 
-pub(super) fn check_http_url(s: &str) -> Result<(), String> {
+/// A URL the gateway cannot use; it quotes the URL with secrets redacted.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum UrlError {
+    #[error("`{0}` is not a URL ({1})")]
+    Invalid(String, #[source] http::uri::InvalidUri),
+    #[error("`{0}` must start with http:// or https://")]
+    Scheme(String),
+    #[error("`{0}` has no host")]
+    NoHost(String),
+}
+
+pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
     let uri: Result<http::Uri, _> = s.parse();
-    // Messages quote the URL with its secrets redacted.
     let shown = crate::redact::redact_url(s);
-    let s = shown.as_str();
-    let uri = uri.map_err(|e| format!("`{s}` is not a URL ({e})"))?;
+    let uri = uri.map_err(|e| UrlError::Invalid(shown.clone(), e))?;
     match uri.scheme_str() {
         Some("http") | Some("https") => {}
-        _ => return Err(format!("`{s}` must start with http:// or https://")),
+        _ => return Err(UrlError::Scheme(shown)),
     }
     if uri.host().is_none() {
-        return Err(format!("`{s}` has no host"));
+        return Err(UrlError::NoHost(shown));
     }
     Ok(())
 }
 
+/// A `${VAR}` that cannot be expanded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvError {
+    /// `${` without `}`.
+    #[error("unterminated `${{` in `{0}`")]
+    Unterminated(String),
+    /// A name outside `[A-Za-z0-9_]+`.
+    #[error("`${{{0}}}` is not a valid variable name")]
+    BadName(String),
+    /// The variable is not set.
+    #[error("environment variable `{0}` is not set")]
+    Unset(String),
+}
+
 /// Expands `${NAME}`; an unset variable is an error. `$$` stands for `$`.
-pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, EnvError> {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {
@@ -192,13 +216,12 @@ pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<S
         } else if let Some(body) = after.strip_prefix('{') {
             let end = body
                 .find('}')
-                .ok_or_else(|| format!("unterminated `${{` in `{input}`"))?;
+                .ok_or_else(|| EnvError::Unterminated(input.to_string()))?;
             let name = &body[..end];
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
-                return Err(format!("`${{{name}}}` is not a valid variable name"));
+                return Err(EnvError::BadName(name.to_string()));
             }
-            let value =
-                env(name).ok_or_else(|| format!("environment variable `{name}` is not set"))?;
+            let value = env(name).ok_or_else(|| EnvError::Unset(name.to_string()))?;
             out.push_str(&value);
             rest = &body[end + 1..];
         } else {

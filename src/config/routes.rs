@@ -50,7 +50,7 @@ impl Resolver<'_> {
             let key = format!("{at}.prefixes[{j}]");
             let s = self.text(p, &key)?;
             let normal = crate::proxy::routes::canonical_prefix(&s, fold_case)
-                .map_err(|m| self.err(Some(&p.referenced), &key, m))?;
+                .map_err(|e| self.err(Some(&p.referenced), &key, e.to_string()))?;
             if let Some(prev) = claimed.insert(normal.clone(), i) {
                 return Err(self.err(
                     Some(&p.referenced),

@@ -18,35 +18,74 @@ pub enum RouteError {
 /// Checks a configured prefix and returns its canonical form: starts with
 /// `/`, no query, no `.`/`..` segment, no control byte once decoded; trailing
 /// slashes dropped; ASCII case folded when `fold_case`.
-pub fn canonical_prefix(prefix: &str, fold_case: bool) -> Result<String, String> {
+pub fn canonical_prefix(prefix: &str, fold_case: bool) -> Result<String, PrefixError> {
+    let refuse = |why| {
+        Err(PrefixError {
+            prefix: prefix.to_string(),
+            why,
+        })
+    };
     if !prefix.starts_with('/') {
-        return Err(format!("prefix `{prefix}` must start with /"));
+        return refuse(PrefixProblem::NoSlash);
     }
     if prefix.contains(['?', '#'])
         || prefix
             .bytes()
             .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
     {
-        return Err(format!("prefix `{prefix}` must be a plain path"));
+        return refuse(PrefixProblem::NotPlain);
     }
     let decoded = canonical::percent_decode(prefix.as_bytes());
     if decoded
         .split(|b| *b == b'/' || *b == b'\\')
         .any(|s| s == b"." || s == b"..")
     {
-        return Err(format!(
-            "prefix `{prefix}` must not contain . or .. segments"
-        ));
+        return refuse(PrefixProblem::DotSegment);
     }
     if decoded.contains(&b';') {
-        return Err(format!(
-            "prefix `{prefix}` must not contain `;` (path parameters are ignored when matching)"
-        ));
+        return refuse(PrefixProblem::Semicolon);
     }
-    let canon =
-        canonical::canonical(prefix, fold_case).map_err(|e| format!("prefix `{prefix}`: {e}"))?;
-    String::from_utf8(canon)
-        .map_err(|_| format!("prefix `{prefix}` is not UTF-8 once percent-decoded"))
+    let canon = match canonical::canonical(prefix, fold_case) {
+        Ok(canon) => canon,
+        Err(e) => return refuse(PrefixProblem::BadPath(e)),
+    };
+    match String::from_utf8(canon) {
+        Ok(canon) => Ok(canon),
+        Err(_) => refuse(PrefixProblem::NotUtf8),
+    }
+}
+
+/// A configured prefix that cannot be matched safely.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("prefix `{prefix}` {why}")]
+pub struct PrefixError {
+    /// The prefix as written.
+    pub prefix: String,
+    /// What is wrong with it.
+    pub why: PrefixProblem,
+}
+
+/// What is wrong with a prefix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrefixProblem {
+    /// It does not start with `/`.
+    #[error("must start with /")]
+    NoSlash,
+    /// It has a query, a fragment, a space or a control byte.
+    #[error("must be a plain path")]
+    NotPlain,
+    /// It has a `.` or `..` segment.
+    #[error("must not contain . or .. segments")]
+    DotSegment,
+    /// It has a `;`.
+    #[error("must not contain `;` (path parameters are ignored when matching)")]
+    Semicolon,
+    /// It cannot be read as one path.
+    #[error("{0}")]
+    BadPath(#[source] BadPath),
+    /// It is not UTF-8 once decoded.
+    #[error("is not UTF-8 once percent-decoded")]
+    NotUtf8,
 }
 
 /// Prefix table: the longest matching prefix wins.

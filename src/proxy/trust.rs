@@ -17,10 +17,26 @@ impl std::fmt::Display for Cidr {
     }
 }
 
-impl std::str::FromStr for Cidr {
-    type Err = String;
+/// Text that is not an address or CIDR block.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CidrError {
+    /// Not an IP address.
+    #[error("`{0}` is not an IP address or CIDR block")]
+    NotAnAddress(String),
+    /// The prefix length is not a number up to 32 (IPv4) or 128 (IPv6).
+    #[error("`{text}`: the prefix length must be 0..={max}")]
+    PrefixLength {
+        /// The text.
+        text: String,
+        /// The largest length for the address family.
+        max: u8,
+    },
+}
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(s: &str) -> Result<Self, CidrError> {
         let (addr, bits) = match s.split_once('/') {
             Some((a, b)) => (a, Some(b)),
             None => (s, None),
@@ -28,7 +44,7 @@ impl std::str::FromStr for Cidr {
         let addr: IpAddr = addr
             .trim()
             .parse()
-            .map_err(|_| format!("`{s}` is not an IP address or CIDR block"))?;
+            .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let bits = match bits {
             None => max,
@@ -37,7 +53,10 @@ impl std::str::FromStr for Cidr {
                 .parse::<u8>()
                 .ok()
                 .filter(|b| *b <= max)
-                .ok_or_else(|| format!("`{s}`: the prefix length must be 0..={max}"))?,
+                .ok_or_else(|| CidrError::PrefixLength {
+                    text: s.to_string(),
+                    max,
+                })?,
         };
         Ok(Cidr { addr, bits })
     }
