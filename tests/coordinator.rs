@@ -13,15 +13,13 @@ use std::time::{Duration, Instant};
 use rolegate::lease::LeaseEvent;
 use rolegate::store::LeaseStore;
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
+use support::intervals::{self, Held, Overlaps};
 
 const TIMINGS: LeaseTimings = LeaseTimings {
     duration: Duration::from_millis(900),
     renew_interval: Duration::from_millis(200),
     safety_margin: Duration::from_millis(200),
 };
-
-/// A closed interval: (start, end, token, instance).
-type Interval = (Instant, Instant, u64, Arc<str>);
 
 /// Every Began/Ended event of every coordinator in a test.
 #[derive(Clone, Default)]
@@ -49,10 +47,17 @@ impl EventLog {
 
     /// Checks the one-holder promise; returns the number of terms seen.
     fn check(&self) -> usize {
+        let verdict = intervals::check(&self.intervals(), Overlaps::AnyTwo);
+        verdict.assert_clean();
+        verdict.terms
+    }
+
+    /// Pairs every Began with its Ended; each term begins once, ends once.
+    fn intervals(&self) -> Vec<Held<Instant>> {
         let events = self.0.lock().unwrap().clone();
-        // (instance, role, token) -> (start, end)
+        // (instance, role, token) -> start
         let mut open: HashMap<(Arc<str>, Arc<str>, u64), Instant> = HashMap::new();
-        let mut intervals: HashMap<Arc<str>, Vec<Interval>> = HashMap::new();
+        let mut closed = Vec::new();
         for e in events {
             match e {
                 LeaseEvent::Began {
@@ -79,33 +84,18 @@ impl EventLog {
                         .unwrap_or_else(|| {
                             panic!("{role} token {token} ended at {instance} without beginning")
                         });
-                    intervals
-                        .entry(role)
-                        .or_default()
-                        .push((start, at, token, instance));
+                    closed.push(Held {
+                        instance: instance.to_string(),
+                        role: role.to_string(),
+                        token,
+                        start,
+                        end: at,
+                    });
                 }
             }
         }
         assert!(open.is_empty(), "intervals left open: {open:?}");
-        let mut terms = 0;
-        for (role, mut list) in intervals {
-            list.sort_by_key(|x| x.0);
-            terms += list.len();
-            for pair in list.windows(2) {
-                let (a, b) = (&pair[0], &pair[1]);
-                assert!(
-                    a.1 <= b.0,
-                    "role {role}: {} (token {}) held until {:?} after {} (token {}) began",
-                    a.3,
-                    a.2,
-                    a.1 - b.0,
-                    b.3,
-                    b.2
-                );
-                assert!(b.2 > a.2, "role {role}: token went from {} to {}", a.2, b.2);
-            }
-        }
-        terms
+        closed
     }
 }
 
@@ -579,4 +569,83 @@ async fn bad_registrations_are_refused() {
         .role("x", bad)
         .start()
         .is_err());
+}
+
+/// The shared checker reports what it must: overlaps (also with an earlier,
+/// longer interval that is not the previous one), own-instance overlaps only
+/// when they count, and tokens that do not increase.
+#[test]
+fn interval_checker_catches_overlaps_and_token_regressions() {
+    let held = |instance: &str, role: &str, token: u64, start: u64, end: u64| Held {
+        instance: instance.into(),
+        role: role.into(),
+        token,
+        start,
+        end,
+    };
+    let touching = [
+        held("a", "r", 1, 0, 10),
+        held("b", "r", 2, 10, 20),
+        held("a", "s", 1, 0, 20),
+    ];
+    let v = intervals::check(&touching, Overlaps::AnyTwo);
+    assert!(
+        v.overlaps.is_empty() && v.token_regressions.is_empty(),
+        "{v:?}"
+    );
+    assert_eq!(v.terms, 3);
+
+    let nested = [
+        held("a", "r", 1, 0, 100),
+        held("b", "r", 2, 10, 20),
+        held("c", "r", 3, 30, 40),
+    ];
+    for mode in [Overlaps::AnyTwo, Overlaps::AcrossInstances] {
+        let v = intervals::check(&nested, mode);
+        assert_eq!(v.overlaps.len(), 2, "{v:?}");
+        assert!(v.token_regressions.is_empty(), "{v:?}");
+    }
+
+    let own = [held("a", "r", 1, 0, 10), held("a", "r", 2, 5, 20)];
+    assert_eq!(intervals::check(&own, Overlaps::AnyTwo).overlaps.len(), 1);
+    assert!(intervals::check(&own, Overlaps::AcrossInstances)
+        .overlaps
+        .is_empty());
+
+    let regressing = [
+        held("a", "r", 2, 0, 10),
+        held("b", "r", 2, 10, 20),
+        held("a", "r", 1, 20, 30),
+    ];
+    let v = intervals::check(&regressing, Overlaps::AnyTwo);
+    assert!(v.overlaps.is_empty(), "{v:?}");
+    assert_eq!(v.token_regressions.len(), 2, "{v:?}");
+}
+
+/// `EventLog::check` fails when a second instance begins a term before the
+/// first one's belief ended.
+#[test]
+#[should_panic(expected = "overlapping held intervals")]
+fn event_log_check_fails_on_overlapping_terms() {
+    let log = EventLog::default();
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let role: Arc<str> = "role-0".into();
+    for (instance, token, start, end) in [("c0", 1, 0, 10), ("c1", 2, 5, 20)] {
+        let instance: Arc<str> = instance.into();
+        log.push(LeaseEvent::Began {
+            instance: instance.clone(),
+            role: role.clone(),
+            token,
+            at: t0 + ms(start),
+            until: t0 + ms(end),
+        });
+        log.push(LeaseEvent::Ended {
+            instance,
+            role: role.clone(),
+            token,
+            at: t0 + ms(end),
+        });
+    }
+    log.check();
 }

@@ -134,16 +134,7 @@ fn stream_body(rx: mpsc::Receiver<Bytes>) -> Body {
 async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     if path == "/healthz" {
-        let ok = st.healthy.load(Ordering::SeqCst);
-        let status = if ok {
-            StatusCode::OK
-        } else {
-            StatusCode::SERVICE_UNAVAILABLE
-        };
-        return Response::builder()
-            .status(status)
-            .body(Body::from("health"))
-            .unwrap();
+        return health(&st);
     }
     let path_and_query = req
         .uri()
@@ -158,106 +149,19 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
     });
     let n = st.n;
     if path.ends_with("/ws") {
-        let key = req.headers().get("sec-websocket-key").cloned();
-        let Some(key) = key else {
-            return Response::builder()
-                .status(400)
-                .body(Body::from("not a websocket"))
-                .unwrap();
-        };
-        let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
-        let on = hyper::upgrade::on(&mut req);
-        tokio::spawn(async move {
-            let Ok(upgraded) = on.await else { return };
-            let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                TokioIo::new(upgraded),
-                tokio_tungstenite::tungstenite::protocol::Role::Server,
-                None,
-            )
-            .await;
-            while let Some(Ok(msg)) = ws.next().await {
-                if msg.is_text() || msg.is_binary() {
-                    if ws.send(msg).await.is_err() {
-                        break;
-                    }
-                } else if msg.is_close() {
-                    break;
-                }
-            }
-        });
-        return Response::builder()
-            .status(StatusCode::SWITCHING_PROTOCOLS)
-            .header("upgrade", "websocket")
-            .header("connection", "Upgrade")
-            .header("sec-websocket-accept", accept)
-            .body(Body::empty())
-            .unwrap();
+        return websocket_echo(&mut req);
     }
     if path.ends_with("/sse") {
-        let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(async move {
-            let _ = tx.send(Bytes::from_static(b"data: 1\n\n")).await;
-            st.sse_next.notified().await;
-            let _ = tx.send(Bytes::from_static(b"data: 2\n\n")).await;
-        });
-        return Response::builder()
-            .header("content-type", "text/event-stream")
-            .header("cache-control", "no-cache")
-            .body(stream_body(rx))
-            .unwrap();
+        return sse_two_events(st);
     }
     if path.ends_with("/upload") {
-        let mut body = req.into_body();
-        let mut total = 0u64;
-        while let Some(frame) = body.frame().await {
-            match frame {
-                Ok(f) => {
-                    if let Some(d) = f.data_ref() {
-                        total += d.len() as u64;
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        return Response::new(Body::from(format!("received {total}")));
+        return count_upload(req).await;
     }
     if path.ends_with("/download") {
-        let bytes: u64 = req
-            .uri()
-            .query()
-            .and_then(|q| q.strip_prefix("bytes="))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        let (tx, rx) = mpsc::channel(2);
-        tokio::spawn(async move {
-            let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
-            let mut left = bytes;
-            while left > 0 {
-                let take = left.min(chunk.len() as u64) as usize;
-                if tx.send(chunk.slice(..take)).await.is_err() {
-                    return;
-                }
-                left -= take as u64;
-            }
-        });
-        return Response::builder()
-            .header("content-length", bytes.to_string())
-            .body(stream_body(rx))
-            .unwrap();
+        return download(&req);
     }
     if path.ends_with("/trailers") {
-        let mut trailers = HeaderMap::new();
-        trailers.insert("x-checksum", http::HeaderValue::from_static("abc123"));
-        let frames = vec![
-            Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"part-1 "))),
-            Ok(http_body::Frame::data(Bytes::from_static(b"part-2"))),
-            Ok(http_body::Frame::trailers(trailers)),
-        ];
-        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
-        return Response::builder()
-            .header("trailer", "x-checksum")
-            .body(Body::new(body))
-            .unwrap();
+        return with_trailers();
     }
     if path.ends_with("/slow") {
         st.release_slow.notified().await;
@@ -295,6 +199,133 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         .header("x-multi", "b")
         .header("set-cookie", "s=1; Path=/")
         .body(Body::from(body))
+        .unwrap()
+}
+
+/// `/healthz`: 200 or 503 as the test set it; not recorded as executed.
+fn health(st: &AppState) -> Response<Body> {
+    let ok = st.healthy.load(Ordering::SeqCst);
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    Response::builder()
+        .status(status)
+        .body(Body::from("health"))
+        .unwrap()
+}
+
+/// `.../ws`: accepts the WebSocket upgrade and echoes text and binary
+/// messages until the peer closes.
+fn websocket_echo(req: &mut Request<Incoming>) -> Response<Body> {
+    let key = req.headers().get("sec-websocket-key").cloned();
+    let Some(key) = key else {
+        return Response::builder()
+            .status(400)
+            .body(Body::from("not a websocket"))
+            .unwrap();
+    };
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let on = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on.await else { return };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        while let Some(Ok(msg)) = ws.next().await {
+            if msg.is_text() || msg.is_binary() {
+                if ws.send(msg).await.is_err() {
+                    break;
+                }
+            } else if msg.is_close() {
+                break;
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", accept)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// `.../sse`: event 1 at once, event 2 when the test calls `sse_next`.
+fn sse_two_events(st: Arc<AppState>) -> Response<Body> {
+    let (tx, rx) = mpsc::channel(4);
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from_static(b"data: 1\n\n")).await;
+        st.sse_next.notified().await;
+        let _ = tx.send(Bytes::from_static(b"data: 2\n\n")).await;
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(stream_body(rx))
+        .unwrap()
+}
+
+/// `.../upload`: reads the whole body and answers how many bytes came.
+async fn count_upload(req: Request<Incoming>) -> Response<Body> {
+    let mut body = req.into_body();
+    let mut total = 0u64;
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(f) => {
+                if let Some(d) = f.data_ref() {
+                    total += d.len() as u64;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    Response::new(Body::from(format!("received {total}")))
+}
+
+/// `.../download?bytes=N`: N bytes of `x` in 64 KiB chunks, with a length.
+fn download(req: &Request<Incoming>) -> Response<Body> {
+    let bytes: u64 = req
+        .uri()
+        .query()
+        .and_then(|q| q.strip_prefix("bytes="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
+        let mut left = bytes;
+        while left > 0 {
+            let take = left.min(chunk.len() as u64) as usize;
+            if tx.send(chunk.slice(..take)).await.is_err() {
+                return;
+            }
+            left -= take as u64;
+        }
+    });
+    Response::builder()
+        .header("content-length", bytes.to_string())
+        .body(stream_body(rx))
+        .unwrap()
+}
+
+/// `.../trailers`: two data frames and an `x-checksum` trailer.
+fn with_trailers() -> Response<Body> {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("x-checksum", http::HeaderValue::from_static("abc123"));
+    let frames = vec![
+        Ok::<_, Infallible>(http_body::Frame::data(Bytes::from_static(b"part-1 "))),
+        Ok(http_body::Frame::data(Bytes::from_static(b"part-2"))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+    Response::builder()
+        .header("trailer", "x-checksum")
+        .body(Body::new(body))
         .unwrap()
 }
 

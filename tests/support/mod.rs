@@ -1,8 +1,10 @@
 //! Shared test support: throwaway PostgreSQL servers on free loopback ports,
-//! unique table names, and waiting for conditions with deadlines.
+//! unique table names, waiting for conditions with deadlines, and the
+//! one-holder interval checker (`intervals`).
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod intervals;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

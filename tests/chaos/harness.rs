@@ -1,0 +1,589 @@
+//! The harness: PostgreSQL, gateways (`rolegate run --events`) each behind
+//! its own fault proxy, recording apps, steady client load, and random
+//! faults one at a time, with a record of what was sent and injected.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http::Request;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rolegate::events::monotonic_ns;
+
+use super::fault_proxy::{FaultProxy, BLACKHOLE, DELAY, PASS};
+use super::{DURATION_MS, GATEWAYS, MARGIN_MS, PARTITIONS, RENEW_MS};
+use crate::support::cluster::{self, TestApp};
+use crate::support::{self, PrivatePostgres};
+
+// ---------------------------------------------------------------------------
+// Settings.
+
+/// The env knobs: ROLEGATE_CHAOS_SECS (default 110) and ROLEGATE_CHAOS_SEED
+/// (default random).
+pub struct Settings {
+    pub secs: u64,
+    pub seed: u64,
+}
+
+impl Settings {
+    pub fn from_env() -> Settings {
+        let secs: u64 = std::env::var("ROLEGATE_CHAOS_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(110);
+        let seed: u64 = std::env::var("ROLEGATE_CHAOS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| rand::thread_rng().gen());
+        Settings { secs, seed }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Gateways.
+
+pub struct Gateway {
+    /// A private copy of the binary, so a rebuild during a long run cannot
+    /// pull it away between restarts.
+    bin: PathBuf,
+    pub n: usize,
+    pub port: u16,
+    admin: u16,
+    config: PathBuf,
+    pub events: PathBuf,
+    child: Option<Child>,
+    /// Set while the process is killed, stopped or restarting: requests to it
+    /// may fail for that reason alone.
+    pub faulted: Arc<AtomicBool>,
+    pub proxy: FaultProxy,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        // A failed run must not leave gateways behind.
+        self.kill();
+    }
+}
+
+impl Gateway {
+    pub fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.config.with_extension("log"))
+            .unwrap();
+        let child = Command::new(&self.bin)
+            .args(["run", "--config"])
+            .arg(&self.config)
+            .arg("--events")
+            .arg(&self.events)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn gateway");
+        self.child = Some(child);
+    }
+
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn signal(&self, sig: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill")
+                .args([&format!("-{sig}"), &pid.to_string()])
+                .status();
+        }
+    }
+
+    pub fn wait_exit(&mut self, limit: Duration) -> bool {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(c) = &mut self.child {
+                if let Ok(Some(_)) = c.try_wait() {
+                    self.child = None;
+                    return true;
+                }
+            } else {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        false
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub async fn wait_up(&self) {
+        let url = format!("http://127.0.0.1:{}/healthz", self.admin);
+        for _ in 0..500 {
+            if matches!(cluster::get(&url).await, Ok((http::StatusCode::OK, _, _))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("gateway {} did not come up", self.n);
+    }
+
+    pub async fn roles_held(&self) -> usize {
+        let Ok((_, _, body)) =
+            cluster::get(&format!("http://127.0.0.1:{}/leases", self.admin)).await
+        else {
+            return 0;
+        };
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        v["roles"]
+            .as_array()
+            .map(|r| r.iter().filter(|x| x["held_here"] == true).count())
+            .unwrap_or(0)
+    }
+
+    /// SIGTERM, then waits up to 5 s for the exit before killing it.
+    fn terminate(&mut self) {
+        self.signal("TERM");
+        if !tokio::task::block_in_place(|| self.wait_exit(Duration::from_secs(5))) {
+            self.kill();
+        }
+    }
+}
+
+fn config_text(port: u16, admin: u16, app: u16, pg_port: u16, table: &str, n: usize) -> String {
+    format!(
+        r#"instance:
+  name: chaos{n}
+listen: 127.0.0.1:{port}
+admin_listen: 127.0.0.1:{admin}
+upstream:
+  url: http://127.0.0.1:{app}
+store:
+  kind: postgres
+  url: postgres://postgres@127.0.0.1:{pg_port}/postgres
+  table: {table}
+lease:
+  duration: {DURATION_MS}ms
+  renew_interval: {RENEW_MS}ms
+  safety_margin: {MARGIN_MS}ms
+roles:
+  - name: maintenance
+partitions:
+  - name: devices
+    count: {PARTITIONS}
+routes:
+  - prefixes: [/maintenance]
+    role: maintenance
+  - prefixes: [/device-api]
+    partition: devices
+    key: {{ header: X-Device-Id }}
+proxy:
+  connect_timeout: 300ms
+  response_header_timeout: 2s
+shutdown:
+  drain_timeout: 1s
+"#
+    )
+}
+
+// ---------------------------------------------------------------------------
+// Faults and load records.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    Kill,
+    Pause,
+    Term,
+    Restart,
+    PgStop,
+    PgFreeze,
+    Latency,
+    Blackhole,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 8] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Term,
+        FaultKind::Restart,
+        FaultKind::PgStop,
+        FaultKind::PgFreeze,
+        FaultKind::Latency,
+        FaultKind::Blackhole,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Kill => "kill -9 of the holder",
+            FaultKind::Pause => "SIGSTOP of the holder past the lease",
+            FaultKind::Term => "SIGTERM of the holder (graceful)",
+            FaultKind::Restart => "gateway restart",
+            FaultKind::PgStop => "PostgreSQL stopped",
+            FaultKind::PgFreeze => "PostgreSQL frozen (SIGSTOP)",
+            FaultKind::Latency => "+400 ms latency gateway↔PostgreSQL",
+            FaultKind::Blackhole => "blackhole gateway↔PostgreSQL",
+        }
+    }
+
+    /// The bound the failover (or fail-closed) time is compared with.
+    pub fn bound(self) -> (&'static str, u64) {
+        match self {
+            FaultKind::Term | FaultKind::Restart => ("≈ one store round trip (handover)", 100),
+            FaultKind::Kill | FaultKind::Pause => {
+                ("duration + renew interval", DURATION_MS + RENEW_MS)
+            }
+            _ => (
+                "fail closed within duration − margin",
+                DURATION_MS - MARGIN_MS,
+            ),
+        }
+    }
+
+    pub fn targets_holder(self) -> bool {
+        matches!(
+            self,
+            FaultKind::Kill | FaultKind::Pause | FaultKind::Term | FaultKind::Restart
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// The gateway the fault hit (`None`: all of them, PostgreSQL faults).
+    pub target: Option<usize>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// A window (gateway, start_ns, end_ns) in which requests through that
+/// gateway may be cut by a fault; gateway `usize::MAX` means any gateway.
+pub type EdgeFault = (usize, u64, u64);
+
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub gateway: usize,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// Status, or None for a transport error / timeout.
+    pub status: Option<u16>,
+}
+
+/// A request an app executed: (app, role, token, t_ns).
+pub type Execution = (usize, String, u64, u64);
+
+// ---------------------------------------------------------------------------
+// The cluster.
+
+/// PostgreSQL, the apps and the gateways in front of them. Fields drop in
+/// order: gateways first, PostgreSQL last.
+pub struct Rig {
+    pub gws: Vec<Gateway>,
+    apps: Vec<TestApp>,
+    pg: Arc<PrivatePostgres>,
+}
+
+impl Rig {
+    /// Starts PostgreSQL, `GATEWAYS` apps and a gateway in front of each
+    /// (reaching PostgreSQL through its own fault proxy); files go to `dir`.
+    pub async fn start(dir: &Path) -> Rig {
+        let pg = Arc::new(PrivatePostgres::start());
+        std::fs::create_dir_all(dir).unwrap();
+        let table = support::unique_table("chaos");
+        let bin = dir.join("rolegate");
+        std::fs::copy(cluster::bin(), &bin).expect("copy the rolegate binary");
+        let mut apps = Vec::new();
+        for n in 0..GATEWAYS {
+            apps.push(TestApp::start(n).await);
+        }
+        let mut gws = Vec::new();
+        for (n, app) in apps.iter().enumerate() {
+            let (proxy, proxy_port) = FaultProxy::start(pg.port).await;
+            let (port, admin) = (support::free_port(), support::free_port());
+            let config = dir.join(format!("gw{n}.yaml"));
+            std::fs::write(
+                &config,
+                config_text(port, admin, app.port, proxy_port, &table, n),
+            )
+            .unwrap();
+            let mut g = Gateway {
+                bin: bin.clone(),
+                n,
+                port,
+                admin,
+                config,
+                events: dir.join(format!("gw{n}.events")),
+                child: None,
+                faulted: Arc::new(AtomicBool::new(false)),
+                proxy,
+            };
+            g.spawn();
+            g.wait_up().await;
+            gws.push(g);
+        }
+        Rig { gws, apps, pg }
+    }
+
+    /// Stops every gateway gracefully (killing those that do not exit).
+    pub fn stop_gateways(&mut self) {
+        for g in self.gws.iter() {
+            g.signal("TERM");
+        }
+        for g in self.gws.iter_mut() {
+            if !tokio::task::block_in_place(|| g.wait_exit(Duration::from_secs(5))) {
+                g.kill();
+            }
+        }
+    }
+
+    /// Every execution at the apps that carried a role and token.
+    pub fn executions(&self) -> Vec<Execution> {
+        self.apps
+            .iter()
+            .enumerate()
+            .flat_map(|(n, a)| {
+                a.executed().into_iter().filter_map(move |e| {
+                    let role = e.headers.get("x-rolegate-role")?.to_str().ok()?.to_string();
+                    let token = e
+                        .headers
+                        .get("x-rolegate-token")?
+                        .to_str()
+                        .ok()?
+                        .parse()
+                        .ok()?;
+                    Some((n, role, token, e.t_ns))
+                })
+            })
+            .collect()
+    }
+
+    pub fn event_files(&self) -> Vec<PathBuf> {
+        self.gws.iter().map(|g| g.events.clone()).collect()
+    }
+
+    /// The gateway holding the most roles (the first one on a tie).
+    async fn holder(&self) -> usize {
+        let mut holder = 0;
+        let mut most = 0;
+        for g in &self.gws {
+            let n = g.roles_held().await;
+            if n > most {
+                most = n;
+                holder = g.n;
+            }
+        }
+        holder
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Load.
+
+/// Four clients sending steady load through every gateway that is up.
+pub struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    pub fn start(seed: u64, gws: &[Gateway]) -> Load {
+        let ports: Vec<u16> = gws.iter().map(|g| g.port).collect();
+        let faulted: Vec<Arc<AtomicBool>> = gws.iter().map(|g| g.faulted.clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+        let mut clients = Vec::new();
+        for c in 0..4u64 {
+            let (stop, sent, ports, faulted) =
+                (stop.clone(), sent.clone(), ports.clone(), faulted.clone());
+            clients.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed ^ (c + 1));
+                let client = cluster::client();
+                let mut i = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    i += 1;
+                    let g = rng.gen_range(0..ports.len());
+                    if faulted[g].load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let req = random_request(&mut rng, ports[g], c, i);
+                    let start_ns = monotonic_ns();
+                    let status = send_bounded(&client, req).await;
+                    sent.lock().unwrap().push(Sent {
+                        gateway: g,
+                        start_ns,
+                        end_ns: monotonic_ns(),
+                        status,
+                    });
+                    tokio::time::sleep(Duration::from_millis(15)).await;
+                }
+            }));
+        }
+        Load {
+            stop,
+            sent,
+            clients,
+        }
+    }
+
+    /// Stops the clients; returns every request they sent.
+    pub async fn finish(self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self.clients {
+            let _ = c.await;
+        }
+        let sent = self.sent.lock().unwrap().clone();
+        sent
+    }
+}
+
+/// A role request (POST /maintenance/job) or a partition request (GET
+/// /device-api with one of 64 device ids), half and half.
+fn random_request(rng: &mut StdRng, port: u16, c: u64, i: u64) -> Request<Body> {
+    if rng.gen_bool(0.5) {
+        Request::post(format!("http://127.0.0.1:{port}/maintenance/job/{c}-{i}"))
+            .body(Body::from("x"))
+            .unwrap()
+    } else {
+        Request::get(format!("http://127.0.0.1:{port}/device-api/d/{c}-{i}"))
+            .header("x-device-id", format!("dev-{}", rng.gen_range(0..64)))
+            .body(Body::empty())
+            .unwrap()
+    }
+}
+
+/// The status once the whole body arrived, or None on an error or after 5 s.
+async fn send_bounded(client: &Client<HttpConnector, Body>, req: Request<Body>) -> Option<u16> {
+    tokio::time::timeout(Duration::from_secs(5), async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        resp.into_body().collect().await.ok()?;
+        Some(status)
+    })
+    .await
+    .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Faults.
+
+/// Injects faults one at a time for `secs` seconds: first every kind once in
+/// order, then kinds at random; returns the faults and the windows in which
+/// requests may be cut by them.
+pub async fn inject_faults(
+    rig: &mut Rig,
+    rng: &mut StdRng,
+    secs: u64,
+) -> (Vec<Fault>, Vec<EdgeFault>) {
+    let mut faults = Vec::new();
+    let mut edge_faults: Vec<EdgeFault> = Vec::new();
+    let t_end = Instant::now() + Duration::from_secs(secs);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut round = 0usize;
+    while Instant::now() < t_end {
+        round += 1;
+        let kind = FaultKind::ALL[if round <= FaultKind::ALL.len() {
+            round - 1
+        } else {
+            rng.gen_range(0..FaultKind::ALL.len())
+        }];
+        // The gateway holding the most roles is the "holder".
+        let holder = rig.holder().await;
+        let start_ns = monotonic_ns();
+        let victim = kind.targets_holder().then_some(holder);
+        let target = inject(rig, kind, holder).await.or(victim);
+        let end_ns = monotonic_ns();
+        if let Some(v) = victim {
+            // Requests whose own gateway was killed, paused or restarted may be cut.
+            edge_faults.push((v, start_ns, end_ns + 5_000_000_000));
+            // The victim's in-flight forwarded requests die with it, so requests
+            // through other gateways that were forwarded to it may be cut too.
+            edge_faults.push((usize::MAX, start_ns, start_ns + 100_000_000));
+        }
+        faults.push(Fault {
+            kind,
+            target,
+            start_ns,
+            end_ns,
+        });
+        // Let the cluster settle between faults.
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(800..1_800))).await;
+    }
+    (faults, edge_faults)
+}
+
+/// Injects one fault and lifts it again; returns the gateway a network fault
+/// hit (holder faults and PostgreSQL faults return None).
+async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize) -> Option<usize> {
+    match kind {
+        FaultKind::Kill => {
+            let g = &mut rig.gws[holder];
+            g.faulted.store(true, Ordering::SeqCst);
+            g.kill();
+            tokio::time::sleep(Duration::from_millis(DURATION_MS + 500)).await;
+            g.spawn();
+            g.wait_up().await;
+            g.faulted.store(false, Ordering::SeqCst);
+        }
+        FaultKind::Pause => {
+            let g = &rig.gws[holder];
+            g.faulted.store(true, Ordering::SeqCst);
+            g.signal("STOP");
+            tokio::time::sleep(Duration::from_millis(DURATION_MS * 3 / 2)).await;
+            g.signal("CONT");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            g.faulted.store(false, Ordering::SeqCst);
+        }
+        FaultKind::Term | FaultKind::Restart => {
+            let g = &mut rig.gws[holder];
+            g.faulted.store(true, Ordering::SeqCst);
+            g.terminate();
+            if kind == FaultKind::Term {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            g.spawn();
+            g.wait_up().await;
+            g.faulted.store(false, Ordering::SeqCst);
+        }
+        FaultKind::PgStop => {
+            let p = rig.pg.clone();
+            tokio::task::spawn_blocking(move || p.stop_server())
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let p = rig.pg.clone();
+            tokio::task::spawn_blocking(move || p.start_server())
+                .await
+                .unwrap();
+        }
+        FaultKind::PgFreeze => {
+            rig.pg.signal_all("STOP");
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            rig.pg.signal_all("CONT");
+        }
+        FaultKind::Latency | FaultKind::Blackhole => {
+            let (mode, delay_ms) = if kind == FaultKind::Latency {
+                (DELAY, 400)
+            } else {
+                (BLACKHOLE, 0)
+            };
+            let proxy = &rig.gws[holder].proxy;
+            proxy.set(mode, delay_ms);
+            tokio::time::sleep(Duration::from_millis(2_000)).await;
+            proxy.set(PASS, 0);
+            return Some(holder);
+        }
+    }
+    None
+}
