@@ -95,7 +95,7 @@ pub enum Event {
 
 /// An append-only event log file; shared by the coordinator's lease hook and
 /// the request path.
-pub struct EventLog {
+pub(crate) struct EventLog {
     file: Mutex<File>,
     base: Instant,
     base_ns: u64,
@@ -103,7 +103,7 @@ pub struct EventLog {
 
 impl EventLog {
     /// Opens `path` for appending, creating it if needed.
-    pub fn create(path: &Path) -> std::io::Result<EventLog> {
+    pub(crate) fn create(path: &Path) -> std::io::Result<EventLog> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -118,7 +118,7 @@ impl EventLog {
     }
 
     /// An `Instant` as nanoseconds on `CLOCK_MONOTONIC`.
-    pub fn ns(&self, t: Instant) -> u64 {
+    pub(crate) fn ns(&self, t: Instant) -> u64 {
         match t.checked_duration_since(self.base) {
             Some(d) => self.base_ns.saturating_add(d.as_nanos() as u64),
             None => self
@@ -144,7 +144,7 @@ impl EventLog {
     }
 
     /// The process started as `instance`.
-    pub fn started(&self, instance: &str) {
+    pub(crate) fn started(&self, instance: &str) {
         self.write(&Event::Start {
             instance: instance.to_string(),
             pid: std::process::id(),
@@ -153,7 +153,7 @@ impl EventLog {
     }
 
     /// A lease event of the coordinator (began, renewed or ended a term).
-    pub fn lease(&self, e: &LeaseEvent) {
+    pub(crate) fn lease(&self, e: &LeaseEvent) {
         let event = match e {
             LeaseEvent::Began {
                 instance,
@@ -195,7 +195,7 @@ impl EventLog {
     }
 
     /// A request admitted for local execution under `token`, judged held at `at`.
-    pub fn admitted(&self, instance: &str, role: &str, token: u64, at: Instant) {
+    pub(crate) fn admitted(&self, instance: &str, role: &str, token: u64, at: Instant) {
         self.write(&Event::Admit {
             instance: instance.to_string(),
             role: role.to_string(),
