@@ -5,7 +5,7 @@
 mod admin;
 mod cli;
 pub mod config;
-mod demo;
+
 pub mod events;
 mod gateway;
 mod identity;

@@ -4,6 +4,7 @@
 //! with their whole chain of causes.
 
 mod commands;
+mod demo;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -165,14 +166,14 @@ async fn dispatch(args: Cli) -> ExitCode {
             store,
             store_url,
         } => {
-            let options = crate::demo::DemoOptions {
+            let options = demo::DemoOptions {
                 base_port,
                 store,
                 store_url,
             };
-            crate::demo::run(options).await
+            demo::run(options).await
         }
         Command::Probe { url } => commands::probe(&url).await,
-        Command::DemoApp { port, name } => crate::demo::run_app(port, name).await,
+        Command::DemoApp { port, name } => demo::run_app(port, name).await,
     }
 }

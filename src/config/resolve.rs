@@ -2,14 +2,18 @@
 //! per section (in the sibling files), with `${VAR}` expansion and every
 //! refusal naming its file, line and dotted key.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_saphyr::Location;
 
 use super::raw::{RawConfig, Text};
-use super::roles::RoleNames;
 use super::{Config, ConfigError, LeaseTimings};
+
+/// Every role name seen so far, declared or generated, with where it came from.
+#[derive(Default)]
+pub(super) struct RoleNames(pub(super) HashMap<String, Option<Location>>);
 
 pub(super) struct Resolver<'a> {
     pub(super) file: &'a str,

@@ -1,18 +1,12 @@
 //! The `roles` and `partitions` sections: names checked once (as
 //! [`RoleName`]s), declared once, generated partition roles included.
 
-use std::collections::{HashMap, HashSet};
-
-use serde_saphyr::Location;
+use std::collections::HashSet;
 
 use super::raw::{RawPartition, RawRole, Text};
-use super::resolve::{line_of, Resolver};
+use super::resolve::{line_of, Resolver, RoleNames};
 use super::{ConfigError, LeaseTimings, PartitionConfig, RoleConfig};
 use crate::role::{partition_role_name, RoleName, MAX_PARTITION_COUNT};
-
-/// Every role name seen so far, declared or generated, with where it came from.
-#[derive(Default)]
-pub(super) struct RoleNames(HashMap<String, Option<Location>>);
 
 impl Resolver<'_> {
     fn role_name(&self, t: &Text, key: &str) -> Result<RoleName, ConfigError> {

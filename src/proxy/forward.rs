@@ -234,27 +234,7 @@ impl Forwarder {
                 });
             };
             let peer_side = hyper::upgrade::on(&mut resp);
-            let idle = self.idle_timeout;
-            tokio::spawn(async move {
-                let (client, peer) = match tokio::try_join!(client_side, peer_side) {
-                    Ok(pair) => pair,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "upgrade failed on one side");
-                        return;
-                    }
-                };
-                let _open = crate::telemetry::OpenGuard::upgrade();
-                let progress = Progress::new();
-                progress.touch();
-                let mut client = ProgressIo::new(TokioIo::new(client), progress.clone());
-                let mut peer = ProgressIo::new(TokioIo::new(peer), progress.clone());
-                tokio::select! {
-                    _ = tokio::io::copy_bidirectional(&mut client, &mut peer) => {}
-                    _ = progress.idle_for(idle) => {
-                        tracing::debug!(?idle, "upgraded tunnel idle; closing");
-                    }
-                }
-            });
+            tokio::spawn(bridge_upgrade(client_side, peer_side, self.idle_timeout));
             strip_hop_by_hop(resp.headers_mut(), true);
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
@@ -262,6 +242,33 @@ impl Forwarder {
         // The client talks HTTP/1.1 to this gateway, whatever the app spoke.
         *resp.version_mut() = http::Version::HTTP_11;
         Ok(resp.map(Body::new))
+    }
+}
+
+/// Copies bytes both ways once client and peer have switched protocols,
+/// until either side closes or nothing moves for `idle`.
+async fn bridge_upgrade(
+    client_side: hyper::upgrade::OnUpgrade,
+    peer_side: hyper::upgrade::OnUpgrade,
+    idle: Duration,
+) {
+    let (client, peer) = match tokio::try_join!(client_side, peer_side) {
+        Ok(pair) => pair,
+        Err(e) => {
+            tracing::debug!(error = %e, "upgrade failed on one side");
+            return;
+        }
+    };
+    let _open = crate::telemetry::OpenGuard::upgrade();
+    let progress = Progress::new();
+    progress.touch();
+    let mut client = ProgressIo::new(TokioIo::new(client), progress.clone());
+    let mut peer = ProgressIo::new(TokioIo::new(peer), progress.clone());
+    tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut peer) => {}
+        _ = progress.idle_for(idle) => {
+            tracing::debug!(?idle, "upgraded tunnel idle; closing");
+        }
     }
 }
 

@@ -14,7 +14,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
-use crate::cli::EXIT_RUNTIME;
+use super::EXIT_RUNTIME;
 use crate::proxy::Forwarder;
 
 const INSTANCES: usize = 3;
@@ -177,7 +177,7 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     let mut nodes = Vec::new();
     let result = start(&options, &dir, &mut nodes).await;
     if let Err(e) = &result {
-        eprintln!("error: {}", crate::cli::report(e));
+        eprintln!("error: {}", super::report(e));
     } else {
         crate::shutdown::signal().await;
         println!("\nstopping the demo ...");

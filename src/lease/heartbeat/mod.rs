@@ -8,15 +8,16 @@
 //! can be granted the role. A response that arrives after that deadline is
 //! discarded and its term abandoned.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::snapshot::{HolderSnapshot, RoleState};
+mod claim;
+
 use super::state::{Counters, LeaseEvent, LeaseState};
 use crate::role::RoleName;
-use crate::store::{Claim, StoreError};
+use crate::store::StoreError;
 use crate::telemetry;
 
 /// Smallest gap between two ticks triggered by store notifications, so a burst
@@ -259,126 +260,6 @@ impl HeartbeatLoop {
         self.registered_ticks += 1;
     }
 
-    async fn claim(&mut self) {
-        let shared = self.shared.clone();
-        // A term whose deadline passed during the snapshot read is over: never
-        // revive it with its old token.
-        let now = Instant::now();
-        self.expire_local(now);
-        // A draining instance keeps what it holds but takes nothing new.
-        let draining = shared.is_draining();
-        let mut claims = Vec::new();
-        let mut which = Vec::new();
-        for (i, r) in self.roles.iter().enumerate() {
-            let held_token = r.held.map(|h| h.token);
-            if held_token.is_some() || (!draining && r.next_attempt <= now) {
-                claims.push(Claim {
-                    role: shared.role(i).name.clone(),
-                    held_token,
-                    duration: shared.role(i).timings.duration,
-                });
-                which.push(i);
-            }
-        }
-        if claims.is_empty() {
-            return;
-        }
-        let window = which
-            .iter()
-            .map(|&i| shared.role(i).timings.duration - shared.role(i).timings.safety_margin)
-            .min()
-            .unwrap_or(shared.op_timeout());
-        Counters::bump(&shared.counters().claim_calls);
-        self.calls_this_tick += 1;
-        let t_sent = Instant::now();
-        let result =
-            tokio::time::timeout(window, shared.store().claim(shared.instance(), &claims)).await;
-        let t_recv = Instant::now();
-        Self::record_latency("claim", t_sent);
-        let grants = match result {
-            Ok(Ok(grants)) => grants,
-            Ok(Err(e)) => return self.store_failed("claim", &e),
-            Err(_) => return self.store_failed_msg("claim", "timed out"),
-        };
-        self.store_ok = true;
-        let granted: HashMap<&str, u64> =
-            grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
-        let mut tally = OpTally::default();
-        let mut renewed = Vec::new();
-        for &i in &which {
-            let meta = &shared.role(i);
-            let renewing = self.roles[i].held.is_some();
-            let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
-            match granted.get(&*meta.name) {
-                Some(&token) if t_recv < deadline => {
-                    tally.add(renewing, "granted");
-                    match self.roles[i].held {
-                        Some(ref mut h) if h.token == token => {
-                            h.held_until = deadline;
-                            if h.published {
-                                renewed.push((i, token, deadline));
-                            }
-                        }
-                        _ => {
-                            // A new term. An older one still believed ends with this publish.
-                            self.end_term(i);
-                            Counters::bump(&shared.counters().term_changes);
-                            metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string()).increment(1);
-                            self.roles[i].held = Some(HeldTerm {
-                                token,
-                                held_until: deadline,
-                                // Replaced by the publish instant before readers see it.
-                                started: t_recv,
-                                published: false,
-                            });
-                            tracing::info!(role = %meta.name, token, "acquired role");
-                        }
-                    }
-                    let st = &mut self.roles[i].state;
-                    st.token = token;
-                    st.holder = Some(shared.instance_id().clone());
-                    st.holder_address = Some(shared.instance().address.as_str().into());
-                    st.holder_valid_until = Some(t_sent + meta.timings.duration);
-                }
-                Some(&token) => {
-                    // Late: the grant may already be unsafe to act on. Abandon the term;
-                    // the next claim asks for a fresh one (the store still names this
-                    // instance, so it is granted at once).
-                    shared
-                        .counters()
-                        .late_responses
-                        .fetch_add(1, Ordering::Relaxed);
-                    tally.add(renewing, "late");
-                    tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
-                    self.end_term(i);
-                    self.roles[i].state.token = token;
-                    self.roles[i].state.holder = Some(shared.instance_id().clone());
-                }
-                None => {
-                    // A denied renewal extends nothing, but the last grant's deadline
-                    // still stands: the store keeps that term at least that long. So a
-                    // row briefly locked by another claimer costs a renewal, not the
-                    // role. A newer term elsewhere shows in the next snapshot read.
-                    tally.add(renewing, "denied");
-                    if renewing {
-                        tracing::debug!(role = %meta.name, "renewal not applied this tick; keeping the current deadline");
-                    }
-                }
-            }
-        }
-        tally.emit();
-        if self.shared.has_hook() {
-            for (i, token, until) in renewed {
-                self.emit(LeaseEvent::Renewed {
-                    instance: shared.instance_id().clone(),
-                    role: shared.role(i).name.as_arc().clone(),
-                    token,
-                    until,
-                });
-            }
-        }
-    }
-
     async fn read_snapshot(&mut self) {
         let shared = self.shared.clone();
         shared
@@ -562,25 +443,6 @@ impl HeartbeatLoop {
             }
             Ok(Err(e)) => self.store_failed("release", &e),
             Err(_) => self.store_failed_msg("release", "timed out"),
-        }
-    }
-}
-
-/// Lease operation outcomes of one claim, emitted as a few counter updates.
-#[derive(Default)]
-struct OpTally(HashMap<(&'static str, &'static str), u64>);
-
-impl OpTally {
-    fn add(&mut self, renewing: bool, outcome: &'static str) {
-        *self
-            .0
-            .entry((if renewing { "renew" } else { "acquire" }, outcome))
-            .or_default() += 1;
-    }
-
-    fn emit(self) {
-        for ((op, outcome), n) in self.0 {
-            metrics::counter!(telemetry::LEASE_OPS, "op" => op, "outcome" => outcome).increment(n);
         }
     }
 }

@@ -1,0 +1,197 @@
+//! The claim step of a tick: one batched call acquires and renews every
+//! due role; each answer is applied against the trust window measured from
+//! before the call.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use super::{HeartbeatLoop, HeldTerm};
+use crate::lease::state::{Counters, LeaseEvent};
+use crate::role::RoleName;
+use crate::store::Claim;
+use crate::telemetry;
+
+/// What one claim call did, gathered across its roles.
+#[derive(Default)]
+struct ClaimOutcome {
+    tally: OpTally,
+    /// (role, token, new deadline) of published terms that were renewed.
+    renewed: Vec<(usize, u64, Instant)>,
+    /// New terms begun.
+    acquired: Vec<(RoleName, u64)>,
+}
+
+impl HeartbeatLoop {
+    pub(super) async fn claim(&mut self) {
+        let shared = self.shared.clone();
+        // A term whose deadline passed during the snapshot read is over: never
+        // revive it with its old token.
+        self.expire_local(Instant::now());
+        let (claims, which) = self.claims_due();
+        if claims.is_empty() {
+            return;
+        }
+        let window = which
+            .iter()
+            .map(|&i| shared.role(i).timings.duration - shared.role(i).timings.safety_margin)
+            .min()
+            .unwrap_or(shared.op_timeout());
+        Counters::bump(&shared.counters().claim_calls);
+        self.calls_this_tick += 1;
+        let t_sent = Instant::now();
+        let result =
+            tokio::time::timeout(window, shared.store().claim(shared.instance(), &claims)).await;
+        let t_recv = Instant::now();
+        Self::record_latency("claim", t_sent);
+        let grants = match result {
+            Ok(Ok(grants)) => grants,
+            Ok(Err(e)) => return self.store_failed("claim", &e),
+            Err(_) => return self.store_failed_msg("claim", "timed out"),
+        };
+        self.store_ok = true;
+        let granted: HashMap<&str, u64> =
+            grants.iter().map(|g| (g.role.as_str(), g.token)).collect();
+        let mut outcome = ClaimOutcome::default();
+        for &i in &which {
+            let token = granted.get(shared.role(i).name.as_str()).copied();
+            self.apply_grant(i, token, (t_sent, t_recv), &mut outcome);
+        }
+        outcome.tally.emit();
+        if !outcome.acquired.is_empty() {
+            // One line per tick, not one per role: a start takes every role at once.
+            const SHOWN: usize = 8;
+            let mut names: Vec<&str> = outcome
+                .acquired
+                .iter()
+                .take(SHOWN)
+                .map(|(r, _)| r.as_str())
+                .collect();
+            if outcome.acquired.len() > SHOWN {
+                names.push("...");
+            }
+            tracing::info!(count = outcome.acquired.len(), roles = %names.join(", "), "acquired roles");
+        }
+        if self.shared.has_hook() {
+            for (i, token, until) in outcome.renewed {
+                self.emit(LeaseEvent::Renewed {
+                    instance: shared.instance_id().clone(),
+                    role: shared.role(i).name.as_arc().clone(),
+                    token,
+                    until,
+                });
+            }
+        }
+    }
+
+    /// The roles to claim this tick: every held one (renewal), and, unless
+    /// draining (which keeps what it holds but takes nothing new), every
+    /// free one whose next attempt is due.
+    fn claims_due(&self) -> (Vec<Claim>, Vec<usize>) {
+        let now = Instant::now();
+        let draining = self.shared.is_draining();
+        let mut claims = Vec::new();
+        let mut which = Vec::new();
+        for (i, r) in self.roles.iter().enumerate() {
+            let held_token = r.held.map(|h| h.token);
+            if held_token.is_some() || (!draining && r.next_attempt <= now) {
+                let meta = self.shared.role(i);
+                claims.push(Claim {
+                    role: meta.name.clone(),
+                    held_token,
+                    duration: meta.timings.duration,
+                });
+                which.push(i);
+            }
+        }
+        (claims, which)
+    }
+
+    /// Applies the store's answer for role `i`: a grant in time renews or
+    /// begins a term; a late grant is abandoned; a denial keeps the deadline.
+    fn apply_grant(
+        &mut self,
+        i: usize,
+        granted: Option<u64>,
+        (t_sent, t_recv): (Instant, Instant),
+        outcome: &mut ClaimOutcome,
+    ) {
+        let shared = self.shared.clone();
+        let meta = shared.role(i);
+        let renewing = self.roles[i].held.is_some();
+        let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
+        match granted {
+            Some(token) if t_recv < deadline => {
+                outcome.tally.add(renewing, "granted");
+                match self.roles[i].held {
+                    Some(ref mut h) if h.token == token => {
+                        h.held_until = deadline;
+                        if h.published {
+                            outcome.renewed.push((i, token, deadline));
+                        }
+                    }
+                    _ => {
+                        // A new term. An older one still believed ends with this publish.
+                        self.end_term(i);
+                        Counters::bump(&shared.counters().term_changes);
+                        metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string())
+                            .increment(1);
+                        self.roles[i].held = Some(HeldTerm {
+                            token,
+                            held_until: deadline,
+                            // Replaced by the publish instant before readers see it.
+                            started: t_recv,
+                            published: false,
+                        });
+                        tracing::debug!(role = %meta.name, token, "acquired role");
+                        outcome.acquired.push((meta.name.clone(), token));
+                    }
+                }
+                let st = &mut self.roles[i].state;
+                st.token = token;
+                st.holder = Some(shared.instance_id().clone());
+                st.holder_address = Some(shared.instance().address.as_str().into());
+                st.holder_valid_until = Some(t_sent + meta.timings.duration);
+            }
+            Some(token) => {
+                // Late: the grant may already be unsafe to act on. Abandon the term;
+                // the next claim asks for a fresh one (the store still names this
+                // instance, so it is granted at once).
+                Counters::bump(&shared.counters().late_responses);
+                outcome.tally.add(renewing, "late");
+                tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
+                self.end_term(i);
+                self.roles[i].state.token = token;
+                self.roles[i].state.holder = Some(shared.instance_id().clone());
+            }
+            None => {
+                // A denied renewal extends nothing, but the last grant's deadline
+                // still stands: the store keeps that term at least that long. So a
+                // row briefly locked by another claimer costs a renewal, not the
+                // role. A newer term elsewhere shows in the next snapshot read.
+                outcome.tally.add(renewing, "denied");
+                if renewing {
+                    tracing::debug!(role = %meta.name, "renewal not applied this tick; keeping the current deadline");
+                }
+            }
+        }
+    }
+}
+
+/// Lease operation outcomes of one claim, emitted as a few counter updates.
+#[derive(Default)]
+struct OpTally(HashMap<(&'static str, &'static str), u64>);
+
+impl OpTally {
+    fn add(&mut self, renewing: bool, outcome: &'static str) {
+        *self
+            .0
+            .entry((if renewing { "renew" } else { "acquire" }, outcome))
+            .or_default() += 1;
+    }
+
+    fn emit(self) {
+        for ((op, outcome), n) in self.0 {
+            metrics::counter!(telemetry::LEASE_OPS, "op" => op, "outcome" => outcome).increment(n);
+        }
+    }
+}
