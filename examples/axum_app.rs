@@ -42,12 +42,19 @@ async fn main() -> anyhow::Result<()> {
         .role("reports", LeaseTimings::default())
         .partition("accounts", 8, LeaseTimings::default())
         .start()?;
+    coordinator
+        .ready(std::time::Duration::from_secs(10))
+        .await?;
 
     // The app's own routes; they never think about leases, except to read the token.
     let routes = Router::new()
-        .route("/", get(|| async { "not gated\n" }))
+        .route(
+            "/",
+            get(move || async move { format!("not gated; served on port {port}\n") }),
+        )
         .route("/reports/run", post(run_report))
-        .route("/accounts/{id}/balance", get(balance));
+        .route("/accounts/{id}/balance", get(balance))
+        .layer(Extension(ServedOn(port)));
 
     // Gate before routing: the layers see every request, and act on their prefixes.
     let options = LayerOptions::new()?;
@@ -86,17 +93,29 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_report(Extension(lease): Extension<HeldLease>) -> String {
+/// The port of the copy that ran the request: a forwarded request names the
+/// holder's port, not the one you called.
+#[derive(Clone, Copy)]
+struct ServedOn(u16);
+
+async fn run_report(
+    Extension(ServedOn(port)): Extension<ServedOn>,
+    Extension(lease): Extension<HeldLease>,
+) -> String {
     // Pass the token to anything that can fence on it (a DB column, an API).
     format!(
-        "report started under {} (token {})\n",
+        "report started on port {port} under {} (token {})\n",
         lease.role, lease.token
     )
 }
 
-async fn balance(Path(id): Path<String>, Extension(lease): Extension<HeldLease>) -> String {
+async fn balance(
+    Path(id): Path<String>,
+    Extension(ServedOn(port)): Extension<ServedOn>,
+    Extension(lease): Extension<HeldLease>,
+) -> String {
     format!(
-        "balance of account {id}, served by the holder of {} (token {})\n",
+        "balance of account {id}, served on port {port} by the holder of {} (token {})\n",
         lease.role, lease.token
     )
 }

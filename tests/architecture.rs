@@ -14,6 +14,9 @@ fn module_graph_has_no_cycle_and_code_stays_small() {
         .output()
         .expect("python3 is needed to run scripts/architecture (apt-get install python3)");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "scripts/architecture --check:\n{text}");
+    assert!(
+        out.status.success(),
+        "scripts/architecture --check:\n{text}"
+    );
     assert!(text.contains("no import cycle"), "{text}");
 }

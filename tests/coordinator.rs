@@ -649,3 +649,29 @@ fn event_log_check_fails_on_overlapping_terms() {
     }
     log.check();
 }
+
+/// The library snippet: `start()` then `ready()` then `guard()`, no sleep.
+/// Run on PostgreSQL, where the first tick takes real round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_returns_once_the_first_tick_took_the_free_roles() {
+    let store = postgres().await;
+    let c = CoordinatorBuilder::new(store)
+        .instance_name("ready")
+        .advertise("http://127.0.0.1:9")
+        .role(format!("ready-{}", std::process::id()), TIMINGS)
+        .start()
+        .unwrap();
+    let name = c.role_names()[0].to_string();
+    assert!(
+        c.role(&name).unwrap().guard().is_none(),
+        "nothing is held before the first tick"
+    );
+    c.ready(Duration::from_secs(5))
+        .await
+        .expect("ready within 5 s");
+    assert!(
+        c.role(&name).unwrap().guard().is_some(),
+        "a free role is held as soon as ready() returns"
+    );
+    c.shutdown().await;
+}

@@ -304,6 +304,25 @@ impl Coordinator {
         }
     }
 
+    /// Waits until the coordinator is ready (see [`readiness`](Self::readiness)):
+    /// its first tick has read the store and claimed what was free, so
+    /// `guard()` answers from a real snapshot. Gives up after `limit` and
+    /// says why. Call it after [`CoordinatorBuilder::start`] before acting.
+    pub async fn ready(&self, limit: Duration) -> Result<(), NotReady> {
+        let mut published = self.subscribe_published();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if self.readiness().is_ok() {
+                return Ok(());
+            }
+            match tokio::time::timeout_at(deadline, published.changed()).await {
+                Ok(Ok(())) => {}
+                // Timed out, or the loop is gone (aborted): judge once more.
+                _ => return self.readiness(),
+            }
+        }
+    }
+
     /// Resolves when a snapshot newer than the current one is published.
     pub fn subscribe_published(&self) -> watch::Receiver<u64> {
         self.shared.subscribe_published()
