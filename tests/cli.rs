@@ -47,11 +47,27 @@ fn the_example_config_passes_check_config() {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml");
     let o = rolegate(&["check-config", "--config", example]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
-    let out = stdout(&o);
     assert!(
-        out.contains("maintenance") && out.contains("devices"),
-        "{out}"
+        stdout(&o).contains(": ok (sqlite store, 82 roles"),
+        "{}",
+        stdout(&o)
     );
+}
+
+#[test]
+fn check_config_print_writes_a_config_that_check_config_accepts() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/config.example.yaml");
+    let o = rolegate(&["check-config", "--print", "--config", example]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let printed = stdout(&o);
+    assert!(
+        printed.contains("maintenance") && printed.contains("devices"),
+        "{printed}"
+    );
+    let p = temp_config("printed", &printed);
+    let again = rolegate(&["check-config", "--print", "--config", s(&p)]);
+    assert_eq!(code(&again), 0, "{}", stderr(&again));
+    assert_eq!(stdout(&again), printed, "printing is a fixed point");
 }
 
 #[test]
@@ -60,7 +76,7 @@ fn check_config_never_prints_a_secret_from_a_url() {
         "redact",
         "store:\n  kind: postgres\n  url: postgres://app:pw-in-userinfo@db:5432/app?sslmode=require&password=pw-in-query\nupstream:\n  url: http://127.0.0.1:3000\nproxy:\n  cluster_secret: a-cluster-secret-0123456789\n",
     );
-    let o = rolegate(&["check-config", "--config", s(&p)]);
+    let o = rolegate(&["check-config", "--print", "--config", s(&p)]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let out = stdout(&o) + &stderr(&o);
     for secret in ["pw-in-userinfo", "pw-in-query", "a-cluster-secret"] {

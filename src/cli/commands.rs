@@ -33,14 +33,28 @@ pub(super) async fn run(path: &Path, events: Option<&Path>) -> ExitCode {
     }
 }
 
-pub(super) fn check_config(path: &Path) -> ExitCode {
-    match load_config(path) {
-        Ok(c) => {
-            print!("{}", c.to_yaml());
-            ExitCode::SUCCESS
-        }
-        Err(code) => code,
+pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    if print {
+        print!("{}", config.to_yaml());
+    } else {
+        let roles: u64 = config.roles.len() as u64
+            + config
+                .partitions
+                .iter()
+                .map(|p| u64::from(p.count))
+                .sum::<u64>();
+        println!(
+            "{}: ok ({} store, {roles} roles, {} routes); --print shows it resolved",
+            path.display(),
+            config.store.kind.as_str(),
+            config.routes.len()
+        );
     }
+    ExitCode::SUCCESS
 }
 
 pub(super) async fn migrate(path: &Path) -> ExitCode {

@@ -41,8 +41,13 @@ pub(crate) enum Command {
         #[arg(long, value_name = "FILE")]
         events: Option<PathBuf>,
     },
-    /// Validate the config and print it resolved (exit 2 when refused).
-    CheckConfig,
+    /// Validate the config (exit 2 when refused).
+    CheckConfig {
+        /// Print the resolved config, every default filled in; it is a
+        /// valid config itself (secrets become `${VAR}` references).
+        #[arg(long)]
+        print: bool,
+    },
     /// Apply the store schema.
     Migrate,
     /// Print the store's lease table.
@@ -153,7 +158,7 @@ async fn dispatch(args: Cli) -> ExitCode {
     let config = args.config.as_path();
     match args.command.unwrap_or(Command::Run { events: None }) {
         Command::Run { events } => commands::run(config, events.as_deref()).await,
-        Command::CheckConfig => commands::check_config(config),
+        Command::CheckConfig { print } => commands::check_config(config, print),
         Command::Migrate => commands::migrate(config).await,
         Command::Status { json } => commands::status(config, json).await,
         Command::Resolve {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 mod instance;
+mod print;
 mod proxy;
 mod raw;
 mod resolve;
@@ -23,6 +24,7 @@ mod tests;
 pub use crate::lease::LeaseTimings;
 pub use crate::proxy::KeySource;
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
+pub use print::{CLUSTER_SECRET_VAR, STORE_PASSWORD_VAR};
 pub use resolve::{expand_env, EnvError};
 
 use std::sync::Arc;
@@ -284,10 +286,5 @@ impl Config {
             .unwrap_or(self.lease.renew_interval);
         let ms = shortest.as_millis() as u64;
         ms.div_ceil(1000).max(1)
-    }
-
-    /// The resolved config as YAML, with the cluster secret redacted.
-    pub fn to_yaml(&self) -> String {
-        serde_saphyr::to_string(self).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
     }
 }

@@ -17,7 +17,6 @@ pub(super) fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> Con
     let mut key = String::new();
     if let Some(rest) = message.strip_prefix("unknown field `") {
         if let Some(name) = rest.split('`').next() {
-            key = name.to_string();
             let from = line.unwrap_or(1) as usize;
             let found = text
                 .lines()
@@ -28,9 +27,13 @@ pub(super) fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> Con
                     l.strip_prefix(name)
                         .is_some_and(|r| r.trim_start().starts_with(':'))
                 });
-            if let Some((i, _)) = found {
-                line = Some(i as u64 + 1);
-            }
+            key = match found {
+                Some((i, _)) => {
+                    line = Some(i as u64 + 1);
+                    dotted_path(text, i).unwrap_or_else(|| name.to_string())
+                }
+                None => name.to_string(),
+            };
             message = format!(
                 "unknown key{}",
                 message
@@ -45,6 +48,67 @@ pub(super) fn yaml_error(text: &str, file: &str, e: &serde_saphyr::Error) -> Con
         key,
         message,
     }
+}
+
+/// The dotted path of the key on line `at` (0-based) of block-style YAML,
+/// e.g. `upstream.health.timeout` or `routes[1].key.header`, read from the
+/// indentation of the lines up to it. `None` when that line holds no key.
+fn dotted_path(text: &str, at: usize) -> Option<String> {
+    enum Step<'a> {
+        Key(&'a str),
+        Item(usize),
+    }
+    // (indentation, step): a key owns deeper lines; an item owns its mapping.
+    let mut stack: Vec<(usize, Step)> = Vec::new();
+    for line in text.lines().take(at + 1) {
+        let content = line.trim_start();
+        if content.is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let mut indent = line.len() - content.len();
+        let mut rest = content;
+        if let Some(after) = content.strip_prefix("- ") {
+            while stack.last().is_some_and(|(i, _)| *i > indent) {
+                stack.pop();
+            }
+            let index = match stack.last() {
+                Some((i, Step::Item(n))) if *i == indent => {
+                    let next = *n + 1;
+                    stack.pop();
+                    next
+                }
+                _ => 0,
+            };
+            stack.push((indent, Step::Item(index)));
+            indent += 2 + (after.len() - after.trim_start().len());
+            rest = after.trim_start();
+        } else {
+            while stack.last().is_some_and(|(i, _)| *i >= indent) {
+                stack.pop();
+            }
+        }
+        if let Some((key, _)) = rest.split_once(':') {
+            let key = key.trim().trim_matches(|c| c == '"' || c == '\'');
+            if !key.is_empty() && !key.contains([' ', '{', '[']) {
+                stack.push((indent, Step::Key(key)));
+            }
+        }
+    }
+    if !matches!(stack.last(), Some((_, Step::Key(_)))) {
+        return None;
+    }
+    let mut path = String::new();
+    for (_, step) in &stack {
+        match step {
+            Step::Key(k) if path.is_empty() => path.push_str(k),
+            Step::Key(k) => {
+                path.push('.');
+                path.push_str(k);
+            }
+            Step::Item(n) => path.push_str(&format!("[{n}]")),
+        }
+    }
+    Some(path)
 }
 
 pub(super) type Text = Spanned<String>;
