@@ -400,8 +400,7 @@ impl Coordinator {
         let ttl = ttl.clamp(Duration::from_millis(10), MAX_DURATION);
         let store = &self.shared.store();
         let limit = ttl / 2;
-        let timed_out =
-            || CoordinatorError::Store(StoreError::Unavailable("one-shot claim timed out".into()));
+        let timed_out = || CoordinatorError::Store(StoreError::timeout("one-shot claim", limit));
         tokio::time::timeout(limit, store.register(std::slice::from_ref(&name)))
             .await
             .map_err(|_| timed_out())??;

@@ -19,18 +19,41 @@ use etcd_client::{
     PutOptions, Txn, TxnOp, WatchOptions,
 };
 use futures_util::future::{join_all, BoxFuture};
-use futures_util::FutureExt;
-use tokio::sync::{mpsc, Mutex};
+use futures_util::{stream, FutureExt};
+use tokio::sync::Mutex;
 
+use super::error::{with_sources, BoxError};
 use super::{
-    ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
+    check_table_name, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
+    RoleName, StoreError,
 };
 
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
 
-fn unavailable(e: etcd_client::Error) -> StoreError {
-    StoreError::Unavailable(e.to_string())
+/// The store error for a failed `op` against the endpoints `at` (the one
+/// error mapping of this backend); `op` "connect" is a failure to connect.
+fn error(at: &str, op: &str, e: etcd_client::Error) -> StoreError {
+    let context = match op {
+        "connect" => format!("cannot connect to etcd at {at}"),
+        op => format!("etcd at {at}: {op} failed"),
+    };
+    StoreError::unavailable(context, cause(e))
+}
+
+/// The cause inside an etcd client error (whose own `source()` is empty):
+/// the transport error with its chain, or the gRPC status's code, message
+/// and causes (its own `Display` adds details and metadata).
+fn cause(e: etcd_client::Error) -> BoxError {
+    match e {
+        etcd_client::Error::TransportError(e) => Box::new(e),
+        etcd_client::Error::IoError(e) => Box::new(e),
+        etcd_client::Error::GRpcStatus(s) => {
+            let head = format!("{}: {}", s.code(), s.message());
+            with_sources(head, std::error::Error::source(&s)).into()
+        }
+        e => Box::new(e),
+    }
 }
 
 struct InstanceLease {
@@ -54,8 +77,11 @@ struct RoleKey {
     mod_revision: i64,
 }
 
+/// Leases in etcd v3, under the key namespace `ns`.
 pub struct EtcdStore {
     client: Client,
+    /// The endpoints, for messages.
+    at: String,
     ns: String,
     leases: Mutex<HashMap<String, InstanceLease>>,
 }
@@ -67,13 +93,14 @@ impl EtcdStore {
         namespace: &str,
         user: Option<(&str, &str)>,
     ) -> Result<Self, StoreError> {
+        check_table_name(namespace)?;
         let eps: Vec<String> = endpoints
             .split(',')
             .map(|e| e.trim().trim_start_matches("etcd://").to_string())
             .filter(|e| !e.is_empty())
             .collect();
         if eps.is_empty() {
-            return Err(StoreError::Config("store.url: no etcd endpoints".into()));
+            return Err(StoreError::config("store.url", "no etcd endpoints"));
         }
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(1))
@@ -82,13 +109,32 @@ impl EtcdStore {
         if let Some((u, p)) = user {
             options = options.with_user(u, p);
         }
+        let at = eps.join(",");
         let client = Client::connect(eps, Some(options))
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| error(&at, "connect", e))?;
         Ok(Self {
             client,
+            at,
             ns: namespace.to_string(),
             leases: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// [`error`] for this store's endpoints.
+    fn error(&self, op: &'static str) -> impl FnOnce(etcd_client::Error) -> StoreError + '_ {
+        move |e| error(&self.at, op, e)
+    }
+
+    /// The value of a role key held by `instance` (release compares it byte
+    /// for byte, so it is always built here).
+    fn holder_value(&self, instance: &InstanceInfo) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(&Holder {
+            holder: instance.id.clone(),
+            address: instance.address.clone(),
+        })
+        .map_err(|e| {
+            StoreError::unavailable(format!("etcd at {}: encoding the holder", self.at), e)
         })
     }
 
@@ -114,12 +160,16 @@ impl EtcdStore {
         let mut leases = self.leases.lock().await;
         if let Some(l) = leases.get_mut(instance) {
             let alive = async {
-                l.keeper.keep_alive().await.map_err(unavailable)?;
-                match l.stream.message().await.map_err(unavailable)? {
+                l.keeper
+                    .keep_alive()
+                    .await
+                    .map_err(self.error("keep-alive"))?;
+                match l.stream.message().await.map_err(self.error("keep-alive"))? {
                     Some(resp) if resp.ttl() > 0 => Ok(true),
                     Some(_) => Ok(false),
-                    None => Err(StoreError::Unavailable(
-                        "lease keep-alive stream closed".into(),
+                    None => Err(StoreError::unavailable(
+                        format!("etcd at {}: keep-alive failed", self.at),
+                        "lease keep-alive stream closed",
                     )),
                 }
             }
@@ -138,11 +188,14 @@ impl EtcdStore {
         }
         let secs = need.as_millis().div_ceil(1000).max(1) as i64;
         let mut c = self.client.clone();
-        let granted = c.lease_grant(secs, None).await.map_err(unavailable)?;
+        let granted = c
+            .lease_grant(secs, None)
+            .await
+            .map_err(self.error("keep-alive"))?;
         let (keeper, stream) = c
             .lease_keep_alive(granted.id())
             .await
-            .map_err(unavailable)?;
+            .map_err(self.error("keep-alive"))?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
         leases.insert(
             instance.to_string(),
@@ -162,7 +215,7 @@ impl EtcdStore {
         let resp = c
             .get(prefix.clone(), Some(GetOptions::new().with_prefix()))
             .await
-            .map_err(unavailable)?;
+            .map_err(self.error("read"))?;
         let mut out = BTreeMap::new();
         for kv in resp.kvs() {
             let Ok(key) = kv.key_str() else { continue };
@@ -200,18 +253,46 @@ impl EtcdStore {
                 value.to_vec(),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let resp = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(self.error("acquire"))?;
         Ok(resp
             .succeeded()
             .then(|| resp.header().map(|h| h.revision() as u64))
             .flatten())
     }
 
+    /// Starts a new term for `role`: deletes the caller's own stale key first
+    /// when `stale` names its mod revision, then creates the key.
+    async fn take(
+        &self,
+        role: String,
+        stale: Option<i64>,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<(String, u64)>, StoreError> {
+        if let Some(revision) = stale {
+            let cmp = Compare::mod_revision(self.lease_key(&role), CompareOp::Equal, revision);
+            if !self.delete_if(&role, cmp).await? {
+                return Ok(None);
+            }
+        }
+        Ok(self.acquire(&role, value, lease).await?.map(|t| (role, t)))
+    }
+
     async fn delete_if(&self, role: &str, cmp: Compare) -> Result<bool, StoreError> {
         let txn = Txn::new()
             .when([cmp])
             .and_then([TxnOp::delete(self.lease_key(role), None)]);
-        let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+        let resp = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(self.error("delete"))?;
         Ok(resp.succeeded())
     }
 }
@@ -224,7 +305,11 @@ impl LeaseStore for EtcdStore {
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         async move {
             // Nothing to create; check the cluster answers.
-            self.client.clone().status().await.map_err(unavailable)?;
+            self.client
+                .clone()
+                .status()
+                .await
+                .map_err(self.error("status"))?;
             Ok(())
         }
         .boxed()
@@ -242,7 +327,7 @@ impl LeaseStore for EtcdStore {
                     .clone()
                     .txn(Txn::new().and_then(ops))
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(self.error("register"))?;
             }
             Ok(())
         }
@@ -261,11 +346,7 @@ impl LeaseStore for EtcdStore {
             let need = claims.iter().map(|c| c.duration).max().unwrap_or_default();
             let (lease, ttl) = self.keep_alive(&instance.id, need).await?;
             let current = self.read_roles().await?;
-            let value = serde_json::to_vec(&Holder {
-                holder: instance.id.clone(),
-                address: instance.address.clone(),
-            })
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let value = self.holder_value(instance)?;
             let mut grants = Vec::new();
             let mut attempts = Vec::new();
             for c in claims {
@@ -275,40 +356,21 @@ impl LeaseStore for EtcdStore {
                     tracing::warn!(role = %c.role, "role duration exceeds the instance's etcd lease TTL; not claimed");
                     continue;
                 }
-                match current.get(c.role.as_str()) {
+                let stale = match current.get(c.role.as_str()) {
                     Some(k) if k.holder.holder == instance.id && k.lease == lease && Some(k.token) == c.held_token => {
                         // Renewed by the keep-alive above.
                         grants.push(Grant {
                             role: c.role.to_string(),
                             token: k.token,
                         });
+                        continue;
                     }
-                    Some(k) if k.holder.holder == instance.id => {
-                        // Ours but not the term the caller holds: start a new term.
-                        let role = c.role.to_string();
-                        let cmp = Compare::mod_revision(self.lease_key(&role), CompareOp::Equal, k.mod_revision);
-                        let value = value.clone();
-                        attempts.push(
-                            async move {
-                                if self.delete_if(&role, cmp).await? {
-                                    self.acquire(&role, &value, lease).await.map(|t| t.map(|t| (role, t)))
-                                } else {
-                                    Ok(None)
-                                }
-                            }
-                            .boxed(),
-                        );
-                    }
-                    Some(_) => {}
-                    None => {
-                        let role = c.role.to_string();
-                        let value = value.clone();
-                        attempts.push(
-                            async move { self.acquire(&role, &value, lease).await.map(|t| t.map(|t| (role, t))) }
-                                .boxed(),
-                        );
-                    }
-                }
+                    // Ours but not the term the caller holds: start a new term.
+                    Some(k) if k.holder.holder == instance.id => Some(k.mod_revision),
+                    Some(_) => continue,
+                    None => None,
+                };
+                attempts.push(self.take(c.role.to_string(), stale, &value, lease));
             }
             for result in join_all(attempts).await {
                 if let Some((role, token)) = result? {
@@ -326,11 +388,7 @@ impl LeaseStore for EtcdStore {
         held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
-            let value = serde_json::to_vec(&Holder {
-                holder: instance.id.clone(),
-                address: instance.address.clone(),
-            })
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let value = self.holder_value(instance)?;
             let value = &value;
             let attempts = held.iter().map(|(role, token)| async move {
                 let key = self.lease_key(role);
@@ -340,7 +398,12 @@ impl LeaseStore for EtcdStore {
                         Compare::value(key.clone(), CompareOp::Equal, value.clone()),
                     ])
                     .and_then([TxnOp::delete(key, None)]);
-                let resp = self.client.clone().txn(txn).await.map_err(unavailable)?;
+                let resp = self
+                    .client
+                    .clone()
+                    .txn(txn)
+                    .await
+                    .map_err(self.error("release"))?;
                 Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
             });
             let mut released = Vec::new();
@@ -370,7 +433,7 @@ impl LeaseStore for EtcdStore {
                         Some(GetOptions::new().with_prefix().with_keys_only()),
                     )
                     .await
-                    .map_err(unavailable)?;
+                    .map_err(self.error("snapshot"))?;
                 let mut names: Vec<String> = resp
                     .kvs()
                     .iter()
@@ -429,25 +492,19 @@ impl LeaseStore for EtcdStore {
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
             let mut c = self.client.clone();
-            let (watcher, mut stream) = c
+            let (watcher, stream) = c
                 .watch(self.lease_prefix(), Some(WatchOptions::new().with_prefix()))
                 .await
-                .map_err(unavailable)?;
-            let (tx, feed) = mpsc::channel(1);
-            tokio::spawn(async move {
-                let _watcher = watcher;
-                loop {
-                    tokio::select! {
-                        _ = tx.closed() => return,
-                        msg = stream.message() => match msg {
-                            Ok(Some(_)) => { let _ = tx.try_send(()); }
-                            // The watch ended: the coordinator polls and subscribes anew.
-                            _ => return,
-                        }
-                    }
+                .map_err(self.error("watch"))?;
+            // The watcher lives as long as the stream; the watch ending (or
+            // failing) ends the feed.
+            let notices = stream::unfold((watcher, stream), |(watcher, mut stream)| async move {
+                match stream.message().await {
+                    Ok(Some(_)) => Some(((), (watcher, stream))),
+                    _ => None,
                 }
             });
-            Ok(feed)
+            Ok(feed::spawn(notices))
         }
         .boxed()
     }

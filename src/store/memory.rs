@@ -6,11 +6,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
-use tokio::sync::{broadcast, mpsc};
+use futures_util::{stream, FutureExt};
+use tokio::sync::broadcast;
 
 use super::{
-    ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
+    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -35,6 +35,7 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty lease table.
     pub fn new() -> Self {
         Self {
             table: Mutex::new(BTreeMap::new()),
@@ -180,23 +181,16 @@ impl LeaseStore for MemoryStore {
     }
 
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
-        let mut rx = self.changes.subscribe();
+        // Subscribed before the future runs: no change after this call is missed.
+        let rx = self.changes.subscribe();
         async move {
-            let (tx, feed) = mpsc::channel(1);
-            tokio::spawn(async move {
-                loop {
-                    match rx.recv().await {
-                        Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            if tx.is_closed() {
-                                return;
-                            }
-                            let _ = tx.try_send(());
-                        }
-                        Err(broadcast::error::RecvError::Closed) => return,
-                    }
+            let notices = stream::unfold(rx, |mut rx| async move {
+                match rx.recv().await {
+                    Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some(((), rx)),
+                    Err(broadcast::error::RecvError::Closed) => None,
                 }
             });
-            Ok(feed)
+            Ok(feed::spawn(notices))
         }
         .boxed()
     }

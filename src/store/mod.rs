@@ -6,13 +6,17 @@
 //! offers a change feed that wakes contenders when a term changes.
 
 mod config;
+mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod feed;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
@@ -34,11 +38,14 @@ pub use sqlite::SqliteStore;
 
 pub use crate::role::RoleName;
 pub use config::{check_table_name, BadTableName, StoreConfig, StoreKind, DEFAULT_TABLE};
+pub use error::{BoxError, StoreError};
 
 /// Who is asking: the instance id and the address others forward to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceInfo {
+    /// The instance id (`{name}-{8 random hex}`), written as the holder.
     pub id: String,
+    /// The base URL other instances forward to.
     pub address: String,
 }
 
@@ -46,41 +53,37 @@ pub struct InstanceInfo {
 /// believes it holds; `None` asks for a new term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Claim {
+    /// The role.
     pub role: RoleName,
+    /// The term the caller believes it holds, if any.
     pub held_token: Option<u64>,
+    /// How long the store keeps the term without renewal.
     pub duration: Duration,
 }
 
 /// A role granted to the caller by a claim: renewed (same token) or a new term.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Grant {
+    /// The role.
     pub role: String,
+    /// The fencing token of the term now held.
     pub token: u64,
 }
 
 /// A row of the lease table as the store sees it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
+    /// The role.
     pub role: String,
     /// `None` when released or never held. An expired holder is still named;
     /// `remaining` is then zero.
     pub holder: Option<String>,
+    /// The holder's forwarding address, when there is a holder.
     pub holder_address: Option<String>,
+    /// The fencing token of the current (or last) term; 0 before the first.
     pub token: u64,
     /// Time left on the term by the store's clock.
     pub remaining: Duration,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("store unreachable or failing: {0}")]
-    Unavailable(String),
-    #[error("bad store configuration: {0}")]
-    Config(String),
-    #[error("schema missing or outdated ({0}); run `rolegate migrate` or set store.migrate: true")]
-    Schema(String),
-    #[error("store kind `{0}` is not built into this binary (cargo feature `{0}`)")]
-    NotBuilt(&'static str),
 }
 
 /// Wakes the coordinator when a term may have changed somewhere. Notices are
@@ -128,7 +131,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>>;
 }
 
-/// Opens the store a config names, applying the schema when `migrate` is set.
+/// Opens the store a config names, applying the schema when
+/// `config.migrate` is set (one attempt: a store that is down fails the
+/// call). The constructors refuse a bad `config.table`.
 pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
     let store = connect(config).await?;
     if config.migrate {
@@ -137,10 +142,12 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreErro
     Ok(store)
 }
 
-/// Opens the store a config names without touching the schema, whatever
-/// `migrate` says (`rolegate status`, or a caller that migrates itself).
+/// Opens the store a config names without touching its schema, whatever
+/// `config.migrate` says (for `status`, or for callers that apply the schema
+/// on their own schedule). The SQL and Redis stores connect lazily: a store
+/// that is down is reported by the first call.
 pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
-    let store: Arc<dyn LeaseStore> = match config.kind {
+    Ok(match config.kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
         StoreKind::Sqlite => Arc::new(SqliteStore::connect(&config.url, &config.table).await?),
@@ -164,8 +171,7 @@ pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreE
         }
         #[cfg(not(feature = "etcd"))]
         StoreKind::Etcd => return Err(StoreError::NotBuilt("etcd")),
-    };
-    Ok(store)
+    })
 }
 
 /// Milliseconds, rounded up (a store term is never shorter than asked),

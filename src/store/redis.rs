@@ -3,7 +3,7 @@
 //! TTL, so expiry is judged by Redis's clock; a persistent counter
 //! `{ns}:token:{role}` is `INCR`ed for every new term. Claim, release and
 //! snapshot are each one atomic Lua script over the whole batch; a term
-//! change publishes on `{ns}:changes`.
+//! change publishes on `{ns}:changes`. The scripts are in `redis/*.lua`.
 //!
 //! Asynchronous replication can lose a lease (or a token increment) on
 //! failover to a replica: see `docs/stores.md`.
@@ -13,78 +13,19 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::{mpsc, Mutex};
+use redis::RedisError;
+use tokio::sync::Mutex;
 
 use super::{
-    millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
+    check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, RoleName, StoreError,
 };
 
-const CLAIM: &str = r#"
--- KEYS: lease1, token1, lease2, token2, ...   ARGV: id, address, channel, held1, ms1, held2, ms2, ...
-local id, addr, channel = ARGV[1], ARGV[2], ARGV[3]
-local out, changed = {}, false
-for i = 1, #KEYS / 2 do
-  local lk, tk = KEYS[2 * i - 1], KEYS[2 * i]
-  local held, ms = ARGV[2 + 2 * i], tonumber(ARGV[3 + 2 * i])
-  local cur = redis.call('HMGET', lk, 'holder', 'token')
-  local holder, token = cur[1], cur[2]
-  if holder == id and held ~= '' and token == held then
-    redis.call('PEXPIRE', lk, ms)
-    out[#out + 1] = i
-    out[#out + 1] = tonumber(token)
-  elseif not holder or holder == id then
-    local t = redis.call('INCR', tk)
-    redis.call('DEL', lk)
-    redis.call('HSET', lk, 'holder', id, 'address', addr, 'token', t)
-    redis.call('PEXPIRE', lk, ms)
-    out[#out + 1] = i
-    out[#out + 1] = t
-    changed = true
-  end
-end
-if changed then redis.call('PUBLISH', channel, 'term') end
-return out
-"#;
-
-const RELEASE: &str = r#"
--- KEYS: lease1, lease2, ...   ARGV: id, channel, token1, token2, ...
-local id, channel = ARGV[1], ARGV[2]
-local out = {}
-for i = 1, #KEYS do
-  local cur = redis.call('HMGET', KEYS[i], 'holder', 'token')
-  if cur[1] == id and cur[2] == ARGV[2 + i] then
-    redis.call('DEL', KEYS[i])
-    out[#out + 1] = i
-  end
-end
-if #out > 0 then redis.call('PUBLISH', channel, 'release') end
-return out
-"#;
-
-const SNAPSHOT: &str = r#"
--- KEYS: lease1, token1, ...   returns per role: holder, address, token, pttl
-local out = {}
-for i = 1, #KEYS / 2 do
-  local lk, tk = KEYS[2 * i - 1], KEYS[2 * i]
-  local cur = redis.call('HMGET', lk, 'holder', 'address', 'token')
-  local pttl = redis.call('PTTL', lk)
-  if cur[1] then
-    out[#out + 1] = cur[1]
-    out[#out + 1] = cur[2] or ''
-    out[#out + 1] = cur[3] or '0'
-    out[#out + 1] = pttl
-  else
-    out[#out + 1] = ''
-    out[#out + 1] = ''
-    out[#out + 1] = redis.call('GET', tk) or '0'
-    out[#out + 1] = 0
-  end
-end
-return out
-"#;
-
+/// Leases in one Redis primary, under the key namespace `ns`.
 pub struct RedisStore {
     client: redis::Client,
+    /// `host:port` (or socket path) for messages: never credentials.
+    at: String,
     conn: Mutex<Option<ConnectionManager>>,
     ns: String,
     claim: redis::Script,
@@ -92,27 +33,33 @@ pub struct RedisStore {
     snapshot: redis::Script,
 }
 
-fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
-
 impl RedisStore {
-    /// `url`: `redis://[:password@]host:port[/db]`. Connects lazily.
+    /// `url`: `redis://[:password@]host:port[/db]`. Connects lazily. Refuses
+    /// a bad namespace or URL.
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(|e| {
-            StoreError::Config(format!(
-                "store.url: {}",
-                crate::redact::redact_text(&e.to_string())
-            ))
-        })?;
+        check_table_name(namespace)?;
+        let client = redis::Client::open(url).map_err(|e| StoreError::config("store.url", e))?;
         Ok(Self {
+            at: client.get_connection_info().addr.to_string(),
             client,
             conn: Mutex::new(None),
             ns: namespace.to_string(),
-            claim: redis::Script::new(CLAIM),
-            release: redis::Script::new(RELEASE),
-            snapshot: redis::Script::new(SNAPSHOT),
+            claim: redis::Script::new(include_str!("redis/claim.lua")),
+            release: redis::Script::new(include_str!("redis/release.lua")),
+            snapshot: redis::Script::new(include_str!("redis/snapshot.lua")),
         })
+    }
+
+    /// Maps the failure of `op` (the one error helper of this backend);
+    /// `op` "connect" is a failure to connect.
+    fn error(&self, op: &'static str) -> impl FnOnce(RedisError) -> StoreError + '_ {
+        move |e| {
+            let context = match op {
+                "connect" => format!("cannot connect to Redis at {}", self.at),
+                op => format!("Redis at {}: {op} failed", self.at),
+            };
+            StoreError::unavailable(context, e)
+        }
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
@@ -128,7 +75,7 @@ impl RedisStore {
             .client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(unavailable)?;
+            .map_err(self.error("connect"))?;
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -160,7 +107,7 @@ impl RedisStore {
                 .arg(1000)
                 .query_async(&mut c)
                 .await
-                .map_err(unavailable)?;
+                .map_err(self.error("snapshot"))?;
             roles.extend(
                 keys.into_iter()
                     .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned)),
@@ -187,7 +134,7 @@ impl LeaseStore for RedisStore {
             let _: String = redis::cmd("PING")
                 .query_async(&mut c)
                 .await
-                .map_err(unavailable)?;
+                .map_err(self.error("ping"))?;
             Ok(())
         }
         .boxed()
@@ -201,7 +148,9 @@ impl LeaseStore for RedisStore {
             for r in roles {
                 pipe.cmd("SETNX").arg(self.token_key(r)).arg(0).ignore();
             }
-            pipe.query_async::<()>(&mut c).await.map_err(unavailable)?;
+            pipe.query_async::<()>(&mut c)
+                .await
+                .map_err(self.error("register"))?;
             Ok(())
         }
         .boxed()
@@ -224,7 +173,10 @@ impl LeaseStore for RedisStore {
                 inv.arg(cl.held_token.map(|t| t.to_string()).unwrap_or_default())
                     .arg(millis(cl.duration));
             }
-            let out: Vec<i64> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            let out: Vec<i64> = inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(self.error("claim"))?;
             Ok(out
                 .chunks(2)
                 .filter_map(|p| {
@@ -251,7 +203,10 @@ impl LeaseStore for RedisStore {
             for (role, token) in held {
                 inv.key(self.lease_key(role)).arg(token.to_string());
             }
-            let out: Vec<i64> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            let out: Vec<i64> = inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(self.error("release"))?;
             Ok(out
                 .into_iter()
                 .filter_map(|i| {
@@ -281,7 +236,10 @@ impl LeaseStore for RedisStore {
             for r in &roles {
                 inv.key(self.lease_key(r)).key(self.token_key(r));
             }
-            let out: Vec<redis::Value> = inv.invoke_async(&mut c).await.map_err(unavailable)?;
+            let out: Vec<redis::Value> = inv
+                .invoke_async(&mut c)
+                .await
+                .map_err(self.error("snapshot"))?;
             let text = |v: &redis::Value| -> String {
                 match v {
                     redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
@@ -317,27 +275,17 @@ impl LeaseStore for RedisStore {
 
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
-            let mut pubsub = self.client.get_async_pubsub().await.map_err(unavailable)?;
+            let mut pubsub = self
+                .client
+                .get_async_pubsub()
+                .await
+                .map_err(self.error("connect"))?;
             pubsub
                 .subscribe(self.channel())
                 .await
-                .map_err(unavailable)?;
-            let (tx, feed) = mpsc::channel(1);
-            tokio::spawn(async move {
-                let mut messages = pubsub.into_on_message();
-                loop {
-                    tokio::select! {
-                        _ = tx.closed() => return,
-                        msg = messages.next() => match msg {
-                            Some(_) => { let _ = tx.try_send(()); }
-                            // Connection lost: the feed ends; the coordinator polls and
-                            // subscribes anew.
-                            None => return,
-                        }
-                    }
-                }
-            });
-            Ok(feed)
+                .map_err(self.error("subscribe"))?;
+            // The stream ends with the connection.
+            Ok(feed::spawn(pubsub.into_on_message().map(|_| ())))
         }
         .boxed()
     }

@@ -2,69 +2,103 @@
 //! processes on one machine. Expiry is judged by SQLite's clock (`julianday
 //! ('now')`, the one machine's clock). A trigger bumps a generation counter on
 //! every term change; subscribers poll that one integer every few
-//! milliseconds, which is how a release wakes the other processes.
+//! milliseconds, which is how a release wakes the other processes. The
+//! statements are in `sql/sqlite/`.
 
 use std::str::FromStr;
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
-use futures_util::FutureExt;
+use futures_util::{stream, FutureExt};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::Row;
-use tokio::sync::mpsc;
 
+use super::sql::{self, Dialect, GrantRow, LeaseRow, Target};
 use super::{
-    millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
+    check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
 const POLL_EVERY: Duration = Duration::from_millis(20);
 
-/// Milliseconds since the Unix epoch by SQLite's clock.
-const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)";
-
+/// Lease table in one SQLite file (default name `rolegate_role_leases`).
 pub struct SqliteStore {
     pool: SqlitePool,
-    table: String,
+    target: Target,
+    sql: Statements,
 }
 
-fn unavailable(e: sqlx::Error) -> StoreError {
-    match &e {
-        sqlx::Error::Database(db) if db.message().contains("no such table") => {
-            StoreError::Schema(db.message().to_string())
+/// The statements, rendered for one table.
+struct Statements {
+    migrate: String,
+    register: String,
+    claim: String,
+    release: String,
+    snapshot: String,
+    snapshot_all: String,
+    generation: String,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let fragments = [
+            ("lease_row", include_str!("sql/sqlite/lease_row.sql")),
+            ("now_ms", include_str!("sql/sqlite/now_ms.sql")),
+        ];
+        let render = |template| sql::render(template, table, &fragments);
+        Self {
+            migrate: render(include_str!("sql/sqlite/migrate.sql")),
+            register: render(include_str!("sql/sqlite/register.sql")),
+            claim: render(include_str!("sql/sqlite/claim.sql")),
+            release: render(include_str!("sql/sqlite/release.sql")),
+            snapshot: render(include_str!("sql/sqlite/snapshot.sql")),
+            snapshot_all: render(include_str!("sql/sqlite/snapshot_all.sql")),
+            generation: render(include_str!("sql/sqlite/generation.sql")),
         }
-        _ => StoreError::Unavailable(e.to_string()),
     }
 }
 
 impl SqliteStore {
     /// Opens (creating if missing) the database file named by `url`
-    /// (`sqlite://path/to/file.db` or `sqlite::memory:`).
+    /// (`sqlite://path/to/file.db` or `sqlite::memory:`). Refuses a bad table
+    /// name or URL.
     pub async fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
+        check_table_name(table)?;
         let options = SqliteConnectOptions::from_str(url)
-            .map_err(|e| {
-                StoreError::Config(format!(
-                    "store.url: {}",
-                    crate::redact::redact_text(&e.to_string())
-                ))
-            })?
+            .map_err(|e| StoreError::config("store.url", e))?
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
             .busy_timeout(Duration::from_secs(2));
+        let target = Target {
+            dialect: Dialect::Sqlite,
+            at: options.get_filename().display().to_string(),
+            acquire_timeout: sql::ACQUIRE_TIMEOUT,
+        };
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
-            .acquire_timeout(Duration::from_secs(3))
+            .acquire_timeout(sql::ACQUIRE_TIMEOUT)
             .connect_with(options)
             .await
-            .map_err(unavailable)?;
+            .map_err(|e| target.error(sql::CONNECT, e))?;
         Ok(Self {
             pool,
-            table: table.to_string(),
+            target,
+            sql: Statements::new(table),
         })
     }
+
+    fn error(&self, op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
+        move |e| self.target.error(op, e)
+    }
+}
+
+/// A JSON parameter (SQLite has no arrays).
+fn json(op: &'static str, value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::unavailable(format!("SQLite {op}: encoding the batch"), e))
 }
 
 impl LeaseStore for SqliteStore {
@@ -74,35 +108,10 @@ impl LeaseStore for SqliteStore {
 
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         async move {
-            let t = &self.table;
-            let script = format!(
-                r#"
-CREATE TABLE IF NOT EXISTS {t} (
-    role            TEXT PRIMARY KEY CHECK (length(CAST(role AS BLOB)) BETWEEN 1 AND 128),
-    holder_id       TEXT,
-    holder_address  TEXT,
-    token           INTEGER NOT NULL DEFAULT 0,
-    duration_ms     INTEGER NOT NULL DEFAULT 0,
-    acquired_at_ms  INTEGER,
-    renewed_at_ms   INTEGER,
-    expires_at_ms   INTEGER NOT NULL DEFAULT 0
-);
-CREATE TABLE IF NOT EXISTS {t}_changes (
-    id          INTEGER PRIMARY KEY CHECK (id = 1),
-    generation  INTEGER NOT NULL
-);
-INSERT OR IGNORE INTO {t}_changes (id, generation) VALUES (1, 0);
-CREATE TRIGGER IF NOT EXISTS {t}_term_change AFTER UPDATE ON {t} FOR EACH ROW
-WHEN NEW.token IS NOT OLD.token OR NEW.holder_id IS NOT OLD.holder_id
-BEGIN
-    UPDATE {t}_changes SET generation = generation + 1 WHERE id = 1;
-END;
-"#
-            );
-            sqlx::raw_sql(&script)
+            sqlx::raw_sql(&self.sql.migrate)
                 .execute(&self.pool)
                 .await
-                .map_err(unavailable)?;
+                .map_err(self.error("migrate"))?;
             Ok(())
         }
         .boxed()
@@ -110,16 +119,11 @@ END;
 
     fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
-            let t = &self.table;
-            let json =
-                serde_json::to_string(roles).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            sqlx::query(&format!(
-                "INSERT OR IGNORE INTO {t} (role) SELECT value FROM json_each(?1)"
-            ))
-            .bind(json)
-            .execute(&self.pool)
-            .await
-            .map_err(unavailable)?;
+            sqlx::query(&self.sql.register)
+                .bind(json("register", &roles)?)
+                .execute(&self.pool)
+                .await
+                .map_err(self.error("register"))?;
             Ok(())
         }
         .boxed()
@@ -131,49 +135,18 @@ END;
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            let t = &self.table;
             let batch: Vec<serde_json::Value> = claims
                 .iter()
                 .map(|c| serde_json::json!({"role": c.role, "held": c.held_token, "ms": millis(c.duration)}))
                 .collect();
-            let json = serde_json::Value::Array(batch).to_string();
-            // One statement: SQLite takes the database write lock for it, so the
-            // check and the update cannot interleave with another process.
-            let sql = format!(
-                r#"UPDATE {t} SET
-    token = CASE WHEN {t}.holder_id = ?1 AND {t}.token = r.held AND {t}.expires_at_ms > r.now
-                 THEN {t}.token ELSE {t}.token + 1 END,
-    acquired_at_ms = CASE WHEN {t}.holder_id = ?1 AND {t}.token = r.held AND {t}.expires_at_ms > r.now
-                 THEN {t}.acquired_at_ms ELSE r.now END,
-    renewed_at_ms = r.now,
-    expires_at_ms = r.now + r.ms,
-    duration_ms = r.ms,
-    holder_id = ?1,
-    holder_address = ?2
-FROM (SELECT json_extract(value, '$.role') AS role,
-             json_extract(value, '$.held') AS held,
-             json_extract(value, '$.ms') AS ms,
-             {NOW_MS} AS now
-      FROM json_each(?3)) AS r
-WHERE {t}.role = r.role
-  AND ({t}.holder_id IS NULL OR {t}.holder_id = ?1 OR {t}.expires_at_ms <= r.now)
-RETURNING role, token"#
-            );
-            let rows = sqlx::query(&sql)
+            let rows = sqlx::query_as::<_, GrantRow>(&self.sql.claim)
                 .bind(&instance.id)
                 .bind(&instance.address)
-                .bind(json)
+                .bind(json("claim", &batch)?)
                 .fetch_all(&self.pool)
                 .await
-                .map_err(unavailable)?;
-            rows.iter()
-                .map(|row| {
-                    Ok(Grant {
-                        role: row.try_get("role").map_err(unavailable)?,
-                        token: row.try_get::<i64, _>("token").map_err(unavailable)? as u64,
-                    })
-                })
-                .collect()
+                .map_err(self.error("claim"))?;
+            Ok(rows.into_iter().map(Grant::from).collect())
         }
         .boxed()
     }
@@ -184,25 +157,16 @@ RETURNING role, token"#
         held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
-            let t = &self.table;
             let batch: Vec<serde_json::Value> = held
                 .iter()
                 .map(|(role, token)| serde_json::json!({"role": role, "token": token}))
                 .collect();
-            let json = serde_json::Value::Array(batch).to_string();
-            let sql = format!(
-                r#"UPDATE {t} SET holder_id = NULL, holder_address = NULL, expires_at_ms = {NOW_MS}
-FROM (SELECT json_extract(value, '$.role') AS role, json_extract(value, '$.token') AS token FROM json_each(?2)) AS r
-WHERE {t}.role = r.role AND {t}.token = r.token AND {t}.holder_id = ?1
-RETURNING role"#
-            );
-            let rows = sqlx::query(&sql)
+            sqlx::query_scalar::<_, String>(&self.sql.release)
                 .bind(&instance.id)
-                .bind(json)
+                .bind(json("release", &batch)?)
                 .fetch_all(&self.pool)
                 .await
-                .map_err(unavailable)?;
-            rows.iter().map(|r| r.try_get("role").map_err(unavailable)).collect()
+                .map_err(self.error("release"))
         }
         .boxed()
     }
@@ -212,72 +176,93 @@ RETURNING role"#
         roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
-            let t = &self.table;
-            let columns = format!(
-                "role, holder_id, holder_address, token, \
-                 CASE WHEN holder_id IS NOT NULL AND expires_at_ms > {NOW_MS} THEN expires_at_ms - {NOW_MS} ELSE 0 END AS remaining_ms"
-            );
-            let rows = if roles.is_empty() {
-                sqlx::query(&format!("SELECT {columns} FROM {t} ORDER BY role"))
-                    .fetch_all(&self.pool)
-                    .await
+            let query = if roles.is_empty() {
+                sqlx::query_as::<_, LeaseRow>(&self.sql.snapshot_all)
             } else {
-                let json = serde_json::to_string(roles).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-                sqlx::query(&format!(
-                    "SELECT {columns} FROM {t} WHERE role IN (SELECT value FROM json_each(?1))"
-                ))
-                .bind(json)
+                sqlx::query_as::<_, LeaseRow>(&self.sql.snapshot).bind(json("snapshot", &roles)?)
+            };
+            let rows = query
                 .fetch_all(&self.pool)
                 .await
-            }
-            .map_err(unavailable)?;
-            rows.iter()
-                .map(|row| {
-                    let remaining: i64 = row.try_get("remaining_ms").map_err(unavailable)?;
-                    Ok(LeaseRecord {
-                        role: row.try_get("role").map_err(unavailable)?,
-                        holder: row.try_get("holder_id").map_err(unavailable)?,
-                        holder_address: row.try_get("holder_address").map_err(unavailable)?,
-                        token: row.try_get::<i64, _>("token").map_err(unavailable)? as u64,
-                        remaining: Duration::from_millis(remaining.max(0) as u64),
-                    })
-                })
-                .collect()
+                .map_err(self.error("snapshot"))?;
+            Ok(rows.into_iter().map(LeaseRecord::from).collect())
         }
         .boxed()
     }
 
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
-            let sql = format!("SELECT generation FROM {}_changes WHERE id = 1", self.table);
-            let read = |pool: SqlitePool, sql: String| async move {
-                sqlx::query_scalar::<_, i64>(&sql)
-                    .fetch_optional(&pool)
-                    .await
-            };
-            let mut seen = read(self.pool.clone(), sql.clone())
-                .await
-                .map_err(unavailable)?;
             let pool = self.pool.clone();
-            let (tx, feed) = mpsc::channel(1);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(POLL_EVERY);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        _ = tx.closed() => return,
-                        _ = tick.tick() => {}
-                    }
-                    if let Ok(now) = read(pool.clone(), sql.clone()).await {
-                        if now != seen {
-                            seen = now;
-                            let _ = tx.try_send(());
+            let sql = self.sql.generation.clone();
+            let read = move || {
+                let (pool, sql) = (pool.clone(), sql.clone());
+                async move {
+                    sqlx::query_scalar::<_, i64>(&sql)
+                        .fetch_optional(&pool)
+                        .await
+                }
+            };
+            let seen = read().await.map_err(self.error("subscribe"))?;
+            let mut tick = tokio::time::interval(POLL_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A notice whenever the counter moves; read failures are skipped.
+            let notices = stream::unfold((seen, tick), move |(mut seen, mut tick)| {
+                let read = read.clone();
+                async move {
+                    loop {
+                        tick.tick().await;
+                        if let Ok(now) = read().await {
+                            if now != seen {
+                                seen = now;
+                                return Some(((), (seen, tick)));
+                            }
                         }
                     }
                 }
             });
-            Ok(feed)
+            Ok(feed::spawn(notices))
         }
         .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_statement_is_rendered_whole() {
+        let s = Statements::new("leases");
+        for sql in [
+            &s.migrate,
+            &s.register,
+            &s.claim,
+            &s.release,
+            &s.snapshot,
+            &s.snapshot_all,
+            &s.generation,
+        ] {
+            assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
+            assert!(sql.contains("leases"), "{sql}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bad_table_name_is_refused_by_the_constructor() {
+        let e = SqliteStore::connect("sqlite::memory:", "x; DROP TABLE y")
+            .await
+            .err()
+            .expect("refused");
+        assert!(matches!(e, StoreError::BadTableName(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_missing_table_is_a_schema_error() {
+        let store = SqliteStore::connect("sqlite::memory:", "leases")
+            .await
+            .unwrap();
+        let e = store.snapshot(&[]).await.unwrap_err();
+        assert!(e.is_schema(), "{e}");
+        assert!(e.to_string().contains("rolegate migrate"), "{e}");
     }
 }

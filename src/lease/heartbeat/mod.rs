@@ -151,7 +151,7 @@ impl HeartbeatLoop {
     }
 
     fn store_failed(&mut self, what: &'static str, error: &StoreError) {
-        if matches!(error, StoreError::Schema(_)) {
+        if error.is_schema() {
             // The table may have been recreated: register the rows again.
             self.registered = false;
         }

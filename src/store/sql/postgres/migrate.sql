@@ -1,0 +1,30 @@
+-- Creates or updates the schema. Sent as one simple-query message, which
+-- PostgreSQL runs as one implicit transaction: the advisory lock serializes
+-- concurrent migrations. The notify channel is named after the table.
+SELECT pg_advisory_xact_lock(hashtext('rolegate-migrate:{table}'));
+CREATE TABLE IF NOT EXISTS {table} (
+    role            text PRIMARY KEY CHECK (octet_length(role) BETWEEN 1 AND 128),
+    holder_id       text,
+    holder_address  text,
+    token           bigint NOT NULL DEFAULT 0,
+    duration_ms     bigint NOT NULL DEFAULT 0,
+    acquired_at     timestamptz,
+    renewed_at      timestamptz,
+    expires_at      timestamptz NOT NULL DEFAULT 'epoch'
+);
+CREATE OR REPLACE FUNCTION {table}_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('{table}', NEW.role);
+    RETURN NULL;
+END
+$fn$;
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = '{table}_term_change' AND tgrelid = '{table}'::regclass) THEN
+        CREATE TRIGGER {table}_term_change AFTER UPDATE ON {table} FOR EACH ROW
+        WHEN (NEW.token IS DISTINCT FROM OLD.token OR NEW.holder_id IS DISTINCT FROM OLD.holder_id)
+        EXECUTE FUNCTION {table}_notify();
+    END IF;
+END
+$do$;

@@ -1,0 +1,2 @@
+SELECT {lease_row}
+FROM {table} ORDER BY role

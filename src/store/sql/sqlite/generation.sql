@@ -1,0 +1,1 @@
+SELECT generation FROM {table}_changes WHERE id = 1

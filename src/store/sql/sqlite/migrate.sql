@@ -1,0 +1,22 @@
+-- Creates or updates the schema. Every term change bumps the one generation
+-- counter in {table}_changes, which subscribers poll.
+CREATE TABLE IF NOT EXISTS {table} (
+    role            TEXT PRIMARY KEY CHECK (length(CAST(role AS BLOB)) BETWEEN 1 AND 128),
+    holder_id       TEXT,
+    holder_address  TEXT,
+    token           INTEGER NOT NULL DEFAULT 0,
+    duration_ms     INTEGER NOT NULL DEFAULT 0,
+    acquired_at_ms  INTEGER,
+    renewed_at_ms   INTEGER,
+    expires_at_ms   INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS {table}_changes (
+    id          INTEGER PRIMARY KEY CHECK (id = 1),
+    generation  INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO {table}_changes (id, generation) VALUES (1, 0);
+CREATE TRIGGER IF NOT EXISTS {table}_term_change AFTER UPDATE ON {table} FOR EACH ROW
+WHEN NEW.token IS NOT OLD.token OR NEW.holder_id IS NOT OLD.holder_id
+BEGIN
+    UPDATE {table}_changes SET generation = generation + 1 WHERE id = 1;
+END;
