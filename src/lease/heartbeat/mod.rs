@@ -400,7 +400,7 @@ impl HeartbeatLoop {
             let name = self.shared.role(i).name.clone();
             if let Some(h) = r.held {
                 held.push((name, h.token));
-            } else if r.state.holder.as_deref() == Some(&*self.shared.instance_id()) {
+            } else if r.state.holder.as_deref() == Some(self.shared.instance_id().as_ref()) {
                 // Abandoned (late) or unseen grants the store still gives us; the
                 // store's token check keeps this safe.
                 held.push((name, r.state.token));
