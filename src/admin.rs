@@ -25,6 +25,9 @@ pub struct InstanceView {
     pub id: String,
     pub address: String,
     pub candidate: bool,
+    /// Why the instance does not contend, when it was withdrawn with a reason
+    /// (e.g. the app failing its health check).
+    pub not_candidate_because: Option<String>,
     pub store: &'static str,
     pub ready: bool,
     pub draining: bool,
@@ -50,6 +53,7 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
             id: c.instance_id().to_string(),
             address: c.advertise_address().to_string(),
             candidate: c.is_candidate(),
+            not_candidate_because: c.withdrawal().map(|w| w.to_string()),
             store: c.store_kind(),
             ready: c.is_ready(),
             draining,
@@ -203,7 +207,11 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
         } else {
             "<b>NOT READY</b>"
         },
-        cand = if v.instance.candidate { "yes" } else { "no" },
+        cand = match (v.instance.candidate, &v.instance.not_candidate_because) {
+            (true, _) => "yes".to_string(),
+            (false, Some(why)) => format!("<b>no</b> ({})", escape(why)),
+            (false, None) => "<b>no</b>".to_string(),
+        },
         drain = if v.instance.draining {
             " · draining"
         } else {

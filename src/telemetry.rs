@@ -15,8 +15,9 @@ pub const LEASE_OPS: &str = "rolegate_lease_operations_total";
 pub const STORE_LATENCY: &str = "rolegate_store_round_trip_seconds";
 /// Counter: store failures (errors and timeouts) by `op`.
 pub const STORE_ERRORS: &str = "rolegate_store_errors_total";
-/// Counter: proxied requests by `outcome` (local, forwarded, passthrough,
-/// bad_request, and each 503/502/504 reason).
+/// Counter: proxied requests by `outcome`: local, forwarded, passthrough,
+/// or the refusal's reason (the `reason` of its problem body: missing-key,
+/// bad-key, holder-unknown, ...).
 pub const PROXY_REQUESTS: &str = "rolegate_proxy_requests_total";
 /// Histogram: time to the response head, by `target` (holder, upstream).
 pub const FORWARD_LATENCY: &str = "rolegate_forward_seconds";
@@ -28,6 +29,9 @@ pub const OPEN_UPGRADES: &str = "rolegate_open_upgrades";
 pub const CANDIDATE: &str = "rolegate_candidate";
 /// Gauge: 1 while the store answers and a snapshot is loaded.
 pub const READY: &str = "rolegate_ready";
+/// Counter: times this instance stopped contending because its app failed
+/// `unhealthy_after` health probes in a row.
+pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
 /// Counter: upstream health probes by `outcome` (ok, fail).
 pub const HEALTH_PROBES: &str = "rolegate_health_probes_total";
 
@@ -68,6 +72,10 @@ fn describe() {
     describe_gauge!(CANDIDATE, "1 while this instance contends for roles");
     describe_gauge!(READY, "1 while the store answers and a snapshot is loaded");
     describe_counter!(HEALTH_PROBES, "upstream health probes by outcome");
+    describe_counter!(
+        HEALTH_WITHDRAWALS,
+        "times this instance stopped contending because its app failed its health check"
+    );
 }
 
 /// Handles for the metrics recorded on every request, resolved once: a
@@ -82,11 +90,16 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 10] = [
+pub const OUTCOMES: [&str; 15] = [
     "local",
     "forwarded",
     "passthrough",
-    "bad_request",
+    "missing-key",
+    "bad-key",
+    "bad-request",
+    "bad-body",
+    "ambiguous-path",
+    "method-not-allowed",
     "holder-unknown",
     "holder-unreachable",
     "holder-timeout",
@@ -118,6 +131,62 @@ impl RequestMetrics {
             c.increment(1);
         }
     }
+}
+
+/// Rate limits WARN lines per cause: at most one per cause every
+/// `every`; the ones in between are counted, and the next line that goes
+/// out says how many were suppressed. A failover or an outage then costs a
+/// few lines, not one per request.
+#[derive(Default)]
+pub(crate) struct WarnGate {
+    slots: std::sync::Mutex<std::collections::HashMap<&'static str, WarnSlot>>,
+}
+
+struct WarnSlot {
+    last: std::time::Instant,
+    suppressed: u64,
+}
+
+impl WarnGate {
+    /// `Some(suppressed since the last line)` when a line for `cause` may go
+    /// out now; `None` (and one more suppressed) otherwise.
+    pub(crate) fn admit(
+        &self,
+        cause: &'static str,
+        every: std::time::Duration,
+        now: std::time::Instant,
+    ) -> Option<u64> {
+        let mut slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        match slots.get_mut(cause) {
+            Some(slot) if now.saturating_duration_since(slot.last) < every => {
+                slot.suppressed += 1;
+                None
+            }
+            Some(slot) => {
+                slot.last = now;
+                Some(std::mem::take(&mut slot.suppressed))
+            }
+            None => {
+                slots.insert(
+                    cause,
+                    WarnSlot {
+                        last: now,
+                        suppressed: 0,
+                    },
+                );
+                Some(0)
+            }
+        }
+    }
+}
+
+/// Request-path warnings (forwarding failures): one line per cause every 5 s.
+pub(crate) const REQUEST_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The process-wide gate for request-path warnings.
+pub(crate) fn request_warnings() -> &'static WarnGate {
+    static GATE: std::sync::OnceLock<WarnGate> = std::sync::OnceLock::new();
+    GATE.get_or_init(WarnGate::default)
 }
 
 /// Counts something open for as long as the guard lives (streams, upgrades).
@@ -178,5 +247,32 @@ impl http_body::Body for TrackedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    #[test]
+    fn warnings_are_limited_per_cause_and_report_what_they_suppressed() {
+        let gate = WarnGate::default();
+        let every = Duration::from_secs(5);
+        let t0 = Instant::now();
+        assert_eq!(gate.admit("a", every, t0), Some(0));
+        // Ten more within the interval: suppressed.
+        for i in 1..=10 {
+            assert_eq!(
+                gate.admit("a", every, t0 + Duration::from_millis(i * 100)),
+                None
+            );
+        }
+        // Another cause is not held back by the first.
+        assert_eq!(gate.admit("b", every, t0 + Duration::from_secs(1)), Some(0));
+        // After the interval, the next line goes out and says how many were held back.
+        assert_eq!(gate.admit("a", every, t0 + every), Some(10));
+        assert_eq!(gate.admit("a", every, t0 + every * 2), Some(0));
     }
 }

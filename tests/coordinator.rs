@@ -137,8 +137,7 @@ async fn memory() -> Arc<dyn LeaseStore> {
 }
 
 async fn sqlite() -> Arc<dyn LeaseStore> {
-    let dir = std::env::temp_dir().join(format!("rolegate-coord-{}", support::unique_table("sq")));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::test_dir("coord");
     let url = format!("sqlite://{}/leases.db", dir.display());
     let s = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases")
         .await

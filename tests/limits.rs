@@ -53,13 +53,13 @@ async fn instance_id(gw: &GatewayProcess) -> String {
         .to_string()
 }
 
-async fn bad_request_count(gw: &GatewayProcess) -> f64 {
+async fn bad_body_count(gw: &GatewayProcess) -> f64 {
     let (_, _, body) = cluster::get(&format!("{}/metrics", gw.admin_url()))
         .await
         .unwrap();
     String::from_utf8_lossy(&body)
         .lines()
-        .find(|l| l.starts_with("rolegate_proxy_requests_total{outcome=\"bad_request\"}"))
+        .find(|l| l.starts_with("rolegate_proxy_requests_total{outcome=\"bad-body\"}"))
         .and_then(|l| l.rsplit_once(' '))
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0.0)
@@ -335,17 +335,17 @@ async fn under_a_low_hard_open_files_limit_the_admin_answers_and_the_log_stays_q
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_malformed_request_body_is_400_and_counted_as_a_bad_request_not_a_holder_failure() {
+async fn a_malformed_request_body_is_400_and_counted_as_bad_body_not_a_holder_failure() {
     let (apps, gws) = pair(ClusterSpec::postgres("lim_chunk")).await;
     for (gw, label) in [(&gws[0], "local"), (&gws[1], "forwarded")] {
-        let before = bad_request_count(gw).await;
+        let before = bad_body_count(gw).await;
         let req = format!(
             "POST /maintenance/{label}/echo-body HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\nbroken\r\n0\r\n\r\n"
         );
         let answer = raw_exchange(gw.port, req.as_bytes()).await;
         assert_eq!(status_of(&answer), 400, "{label}: {answer}");
         assert!(answer.contains("bad-body"), "{label}: {answer}");
-        let after = bad_request_count(gw).await;
+        let after = bad_body_count(gw).await;
         assert!(after >= before + 1.0, "{label}: {before} -> {after}");
     }
     for gw in &gws {

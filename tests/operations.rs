@@ -149,7 +149,7 @@ async fn metrics_parse_as_prometheus_text_and_counters_move_with_traffic() {
 
     let fwd = r#"rolegate_proxy_requests_total{outcome="forwarded"}"#;
     let local = r#"rolegate_proxy_requests_total{outcome="local"}"#;
-    let bad = r#"rolegate_proxy_requests_total{outcome="bad_request"}"#;
+    let bad = r#"rolegate_proxy_requests_total{outcome="missing-key"}"#;
     let before = (metrics(&gws[1]).await, metrics(&gws[0]).await);
     for i in 0..5 {
         let (status, _, _) = cluster::get(&format!("{}/maintenance/m{i}", gws[1].url()))

@@ -321,8 +321,7 @@ async fn memory_store() -> Arc<dyn LeaseStore> {
 }
 
 async fn sqlite_store() -> Arc<dyn LeaseStore> {
-    let dir = std::env::temp_dir().join(format!("rolegate-conf-{}", support::unique_table("sq")));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::test_dir("conf");
     let url = format!("sqlite://{}/leases.db", dir.display());
     let store = rolegate::store::SqliteStore::connect(&url, "rolegate_role_leases")
         .await

@@ -171,6 +171,36 @@ fn reap(child: &mut Child, limit: Duration) {
     let _ = child.wait();
 }
 
+/// Waits for Ctrl-C or SIGTERM, reaping and reporting any process of the
+/// demo that exits meanwhile (a gateway you `kill -9` is not left a zombie).
+async fn watch_until_stopped(nodes: &mut [Node]) {
+    let stop = crate::shutdown::signal();
+    tokio::pin!(stop);
+    let mut every = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            _ = every.tick() => {}
+        }
+        for n in nodes.iter_mut() {
+            report_exit(&n.name, &mut n.gateway, "its roles move to another gateway");
+            report_exit(
+                &format!("{} app", n.name),
+                &mut n.app_child,
+                "its gateway answers 502",
+            );
+        }
+    }
+}
+
+fn report_exit(name: &str, child: &mut Option<Child>, consequence: &str) {
+    let Some(c) = child else { return };
+    if let Ok(Some(status)) = c.try_wait() {
+        println!("{name} (pid {}) exited: {status}; {consequence}", c.id());
+        *child = None;
+    }
+}
+
 /// Runs the demo until Ctrl-C or SIGTERM.
 pub async fn run(options: DemoOptions) -> ExitCode {
     let dir = std::env::temp_dir().join(format!("rolegate-demo-{}", std::process::id()));
@@ -179,7 +209,7 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     if let Err(e) = &result {
         eprintln!("error: {}", super::report(e));
     } else {
-        crate::shutdown::signal().await;
+        watch_until_stopped(&mut nodes).await;
         println!("\nstopping the demo ...");
     }
     // Gateways first (they drain and release), then the apps.

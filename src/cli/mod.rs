@@ -103,7 +103,9 @@ pub(crate) fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
 
 fn init_logging(format: LogFormat) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // rolegate at info; everything else (sqlx notices, hyper, tonic) at warn.
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn,rolegate=info"));
     // Colour only on a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()

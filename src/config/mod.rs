@@ -227,6 +227,16 @@ impl Config {
         file: &str,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Config, ConfigError> {
+        Self::parse_built(text, file, env, StoreKind::is_built)
+    }
+
+    /// [`parse`](Self::parse) for a binary with the store kinds `built` says.
+    fn parse_built(
+        text: &str,
+        file: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+        built: fn(StoreKind) -> bool,
+    ) -> Result<Config, ConfigError> {
         let options = serde_saphyr::Options {
             with_snippet: false,
             ..serde_saphyr::Options::default()
@@ -235,7 +245,7 @@ impl Config {
             Ok(raw) => raw,
             Err(e) => return Err(yaml_error(text, file, &e)),
         };
-        Resolver { file, env }.resolve(raw)
+        Resolver { file, env, built }.resolve(raw)
     }
 
     /// A coordinator builder with this config's instance name, roles and

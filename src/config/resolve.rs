@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_saphyr::Location;
 
 use super::raw::{RawConfig, Text};
-use super::{Config, ConfigError, LeaseTimings};
+use super::{Config, ConfigError, LeaseTimings, StoreKind};
 
 /// Every role name seen so far, declared or generated, with where it came from.
 #[derive(Default)]
@@ -18,6 +18,8 @@ pub(super) struct RoleNames(pub(super) HashMap<String, Option<Location>>);
 pub(super) struct Resolver<'a> {
     pub(super) file: &'a str,
     pub(super) env: &'a dyn Fn(&str) -> Option<String>,
+    /// Which store kinds this binary has.
+    pub(super) built: fn(StoreKind) -> bool,
 }
 
 pub(super) fn line_of(loc: &Location) -> Option<u64> {

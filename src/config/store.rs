@@ -91,7 +91,7 @@ impl Resolver<'_> {
                 ))
             }
         };
-        if !kind.is_built() {
+        if !(self.built)(kind) {
             let name = kind.as_str();
             return Err(self.err(
                 Some(&t.referenced),

@@ -346,3 +346,14 @@ fn unknown_keys_are_named_by_their_path_in_lists_and_nested_maps() {
     let e = refused(yaml);
     assert_eq!(e.key, "roles[1].duraton", "{e}");
 }
+
+#[test]
+fn a_store_kind_not_built_into_the_binary_is_refused_by_the_config() {
+    let without_redis = |k: StoreKind| k != StoreKind::Redis;
+    let text = "store:\n  kind: redis\n  url: redis://127.0.0.1:6379\n";
+    let e = Config::parse_built(text, "t.yaml", &env, without_redis).unwrap_err();
+    assert_eq!(e.key, "store.kind", "{e}");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.message.contains("not built into this binary"), "{e}");
+    assert!(Config::parse_built(text, "t.yaml", &env, |_| true).is_ok());
+}

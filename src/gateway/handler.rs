@@ -253,7 +253,6 @@ fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
         Outcome::Local => "local",
         Outcome::Forwarded => "forwarded",
         Outcome::Passthrough => "passthrough",
-        Outcome::Rejected(r) if r.status().is_client_error() => "bad_request",
         Outcome::Rejected(r) => r.as_str(),
     };
     telemetry::request_metrics().count(label);

@@ -39,7 +39,11 @@ pub(crate) async fn watch_health(
             failures = failures.saturating_add(1);
             if coordinator.is_candidate() && failures >= health.unhealthy_after {
                 tracing::warn!(url = %shown, failures, "upstream unhealthy; releasing roles and not contending");
-                coordinator.set_candidate(false);
+                metrics::counter!(telemetry::HEALTH_WITHDRAWALS).increment(1);
+                coordinator.withdraw(format!(
+                    "the app failed {failures} health probes of {} in a row",
+                    health.path
+                ));
             }
         }
         metrics::gauge!(telemetry::CANDIDATE).set(if coordinator.is_candidate() {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::handles::{RoleLease, RolePartition};
 use super::heartbeat::HeartbeatLoop;
-use super::partition::{partition_index, PartitionResolution};
-use super::snapshot::{HolderSnapshot, RoleState};
+use super::snapshot::HolderSnapshot;
 use super::state::{IntervalHook, LeaseState, PartitionMeta, Registry, RoleMeta};
 use super::timings::{TimingsError, MAX_DURATION};
 use super::{HeldLease, LeaseEvent, LeaseTimings, PartitionSpec, RoleSpec};
@@ -351,7 +351,21 @@ impl Coordinator {
     /// Stop (false) or resume (true) contending. Stopping releases held roles
     /// at once so a healthy instance takes over.
     pub fn set_candidate(&self, candidate: bool) {
-        self.shared.set_candidate(candidate);
+        self.shared.set_candidate(candidate, None);
+    }
+
+    /// Stops contending, like `set_candidate(false)`, and records why: the
+    /// reason shows on `/leases`, the status page, and in the 503 a request
+    /// for a role with no holder gets from this instance.
+    pub fn withdraw(&self, reason: impl Into<String>) {
+        let reason: String = reason.into();
+        self.shared.set_candidate(false, Some(reason.into()));
+    }
+
+    /// Why this instance does not contend for roles, if it was withdrawn
+    /// with a reason ([`withdraw`](Self::withdraw)).
+    pub fn withdrawal(&self) -> Option<Arc<str>> {
+        self.shared.withdrawal()
     }
 
     /// Stops admitting new local work: `is_held` answers false from now on,
@@ -455,138 +469,3 @@ impl OneShotLease {
         Instant::now() < self.valid_until
     }
 }
-
-/// Who holds a role, as this instance last saw it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HolderInfo {
-    /// The holder's instance id.
-    pub id: Arc<str>,
-    /// The holder's advertise address.
-    pub address: Arc<str>,
-    /// The term's fencing token.
-    pub token: u64,
-    /// True when the holder is this instance.
-    pub here: bool,
-}
-
-/// A registered role.
-#[derive(Clone)]
-pub struct RoleLease {
-    shared: Arc<LeaseState>,
-    idx: usize,
-}
-
-impl RoleLease {
-    /// The role's name.
-    pub fn name(&self) -> &Arc<str> {
-        self.shared.role(self.idx).name.as_arc()
-    }
-
-    /// True while this instance holds the role and is not draining.
-    pub fn is_held(&self) -> bool {
-        self.guard().is_some()
-    }
-
-    /// The held lease with its fencing token, if held here right now.
-    pub fn guard(&self) -> Option<HeldLease> {
-        if self.shared.is_draining() {
-            return None;
-        }
-        // The guard is held while checking: a term that ends is only recorded
-        // as ended once no reader still looks at the snapshot showing it.
-        let snap = self.shared.snapshot();
-        let state = &snap.roles[self.idx];
-        let now = Instant::now();
-        state.held_now(now).then(|| HeldLease {
-            role: state.name.clone(),
-            token: state.token,
-            checked_at: now,
-        })
-    }
-
-    /// The current holder if known and unexpired (this instance included).
-    pub fn current_holder(&self) -> Option<HolderInfo> {
-        let snap = self.shared.snapshot();
-        holder_of(&self.shared, &snap.roles[self.idx])
-    }
-}
-
-fn holder_of(shared: &LeaseState, state: &RoleState) -> Option<HolderInfo> {
-    let now = Instant::now();
-    if state.held_now(now) {
-        return Some(HolderInfo {
-            id: shared.instance_id().clone(),
-            address: shared.instance().address.as_str().into(),
-            token: state.token,
-            here: true,
-        });
-    }
-    // A live record naming this instance without a local term (abandoned,
-    // late) is reported as here, so callers never forward to themselves.
-    state.live_holder(now).map(|(id, address)| HolderInfo {
-        id: id.clone(),
-        address: address.clone(),
-        token: state.token,
-        here: **id == **shared.instance_id(),
-    })
-}
-
-/// A registered partition: `count` roles, a key picks one.
-#[derive(Clone)]
-pub struct RolePartition {
-    shared: Arc<LeaseState>,
-    name: Arc<str>,
-    count: u32,
-    first: usize,
-}
-
-impl RolePartition {
-    /// The partition's name.
-    pub fn name(&self) -> &Arc<str> {
-        &self.name
-    }
-
-    /// How many roles the partition has.
-    pub fn count(&self) -> u32 {
-        self.count
-    }
-
-    /// Where an unscoped key lives now. No I/O.
-    pub fn resolve(&self, key: &str) -> PartitionResolution {
-        self.resolve_index(partition_index(None, key, self.count))
-    }
-
-    /// Where a scoped key (`scope ++ 0x00 ++ key`) lives now. No I/O.
-    pub fn resolve_scoped(&self, scope: &str, key: &str) -> PartitionResolution {
-        self.resolve_index(partition_index(Some(scope), key, self.count))
-    }
-
-    /// Where partition `index` lives now (clamped to the count). No I/O.
-    pub fn resolve_index(&self, index: u32) -> PartitionResolution {
-        let idx = self.first + index.min(self.count - 1) as usize;
-        let snap = self.shared.snapshot();
-        let state = &snap.roles[idx];
-        let draining = self.shared.is_draining();
-        let now = Instant::now();
-        let held = !draining && state.held_now(now);
-        let holder = holder_of(&self.shared, state);
-        PartitionResolution {
-            role: state.name.clone(),
-            index,
-            held,
-            token: held.then_some(state.token),
-            holder_address: holder.filter(|h| held || !h.here).map(|h| h.address),
-            checked_at: now,
-        }
-    }
-
-    /// The role handle of partition `index`.
-    pub fn role(&self, index: u32) -> Option<RoleLease> {
-        (index < self.count).then(|| RoleLease {
-            shared: self.shared.clone(),
-            idx: self.first + index as usize,
-        })
-    }
-}
-
-// ---------------------------------------------------------------------------

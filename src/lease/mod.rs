@@ -8,6 +8,7 @@
 //! (the loop) share `state.rs`; neither imports the other's internals.
 
 mod coordinator;
+mod handles;
 mod heartbeat;
 mod partition;
 mod snapshot;
@@ -15,9 +16,9 @@ mod state;
 mod timings;
 
 pub use coordinator::{
-    Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, HolderInfo, NotReady,
-    OneShotLease, RoleLease, RolePartition,
+    Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, NotReady, OneShotLease,
 };
+pub use handles::{HolderInfo, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
 pub use state::LeaseEvent;

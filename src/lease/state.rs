@@ -111,6 +111,8 @@ pub(super) struct LeaseState {
     snapshot: ArcSwap<HolderSnapshot>,
     draining: AtomicBool,
     candidate: AtomicBool,
+    /// Why this instance does not contend, when it was withdrawn with a reason.
+    withdrawal: Mutex<Option<Arc<str>>>,
     stopping: AtomicBool,
     wake: Notify,
     published: watch::Sender<u64>,
@@ -165,6 +167,7 @@ impl LeaseState {
             snapshot: ArcSwap::from_pointee(initial),
             draining: AtomicBool::new(false),
             candidate: AtomicBool::new(true),
+            withdrawal: Mutex::new(None),
             stopping: AtomicBool::new(false),
             wake: Notify::new(),
             published: watch::channel(0).0,
@@ -244,11 +247,21 @@ impl LeaseState {
         self.candidate.load(Ordering::Acquire)
     }
 
-    /// Sets candidacy; wakes the loop when it changed.
-    pub(super) fn set_candidate(&self, candidate: bool) {
+    /// Sets candidacy; wakes the loop when it changed. Contending again
+    /// forgets the reason of the last withdrawal.
+    pub(super) fn set_candidate(&self, candidate: bool, reason: Option<Arc<str>>) {
+        *lock(&self.withdrawal) = if candidate { None } else { reason };
         if self.candidate.swap(candidate, Ordering::AcqRel) != candidate {
             self.wake.notify_one();
         }
+    }
+
+    /// Why this instance does not contend, when it was withdrawn with a reason.
+    pub(super) fn withdrawal(&self) -> Option<Arc<str>> {
+        if self.is_candidate() {
+            return None;
+        }
+        lock(&self.withdrawal).clone()
     }
 
     pub(super) fn is_stopping(&self) -> bool {

@@ -36,6 +36,14 @@ pub enum Decision {
 }
 
 impl GateTarget {
+    /// Why this instance does not contend, when it was withdrawn with a reason.
+    fn withdrawal(&self) -> Option<Arc<str>> {
+        match self {
+            GateTarget::Role(lease) => lease.withdrawal(),
+            GateTarget::Partition { partition, .. } => partition.withdrawal(),
+        }
+    }
+
     fn partition_name(&self) -> Option<Arc<str>> {
         match self {
             GateTarget::Role(_) => None,
@@ -68,21 +76,7 @@ impl GateTarget {
             } => {
                 let k = match key.extract(uri, headers) {
                     Ok(k) => k,
-                    Err(e) => {
-                        let (reason, detail) = match e {
-                            KeyError::Missing => (
-                                Reason::MissingKey,
-                                format!("partition `{}` needs a key ({key:?})", partition.name()),
-                            ),
-                            other => (
-                                Reason::BadKey,
-                                format!("partition `{}` key ({key:?}): {other}", partition.name()),
-                            ),
-                        };
-                        return Decision::Reject(
-                            Problem::new(reason, detail).partition(Some(partition.name().clone())),
-                        );
-                    }
+                    Err(e) => return Decision::Reject(key_problem(partition, key, e)),
                 };
                 let r = match scope {
                     Some(s) => partition.resolve_scoped(s, &k),
@@ -118,10 +112,30 @@ impl GateTarget {
             Some(address) => Decision::Forward { address, role },
             None => problem(
                 Reason::HolderUnknown,
-                format!("role `{role}` has no live holder right now"),
+                match self.withdrawal() {
+                    Some(why) => format!(
+                        "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
+                    ),
+                    None => format!("role `{role}` has no live holder right now"),
+                },
             ),
         }
     }
+}
+
+/// The 400 for a partition route whose key is missing or unusable.
+fn key_problem(partition: &RolePartition, key: &KeyExtractor, e: KeyError) -> Problem {
+    let (reason, detail) = match e {
+        KeyError::Missing => (
+            Reason::MissingKey,
+            format!("partition `{}` needs a key ({key:?})", partition.name()),
+        ),
+        other => (
+            Reason::BadKey,
+            format!("partition `{}` key ({key:?}): {other}", partition.name()),
+        ),
+    };
+    Problem::new(reason, detail).partition(Some(partition.name().clone()))
 }
 
 /// A gated request, settled: answered already, or to be run here under the lease.
@@ -177,14 +191,23 @@ pub fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
             format!("the holder of role `{role}` could not be reached"),
         ),
     };
-    let error = crate::redact::redact_text(&e.to_string());
-    match hop {
-        NextHop::App { upstream } => {
-            let upstream = crate::redact::redact_url(upstream);
-            tracing::warn!(%upstream, %error, "upstream request failed");
-        }
-        NextHop::Holder { role, address } => {
-            tracing::warn!(%role, holder = address, %error, "forwarding to the role holder failed");
+    // One line per cause every few seconds: a failover must not flood the log.
+    let cause = match hop {
+        NextHop::App { .. } => "upstream request failed",
+        NextHop::Holder { .. } => "forwarding to the role holder failed",
+    };
+    let gate = crate::telemetry::request_warnings();
+    let every = crate::telemetry::REQUEST_WARN_EVERY;
+    if let Some(suppressed) = gate.admit(cause, every, std::time::Instant::now()) {
+        let error = crate::redact::redact_text(&e.to_string());
+        match hop {
+            NextHop::App { upstream } => {
+                let upstream = crate::redact::redact_url(upstream);
+                tracing::warn!(%upstream, %error, suppressed, "upstream request failed");
+            }
+            NextHop::Holder { role, address } => {
+                tracing::warn!(%role, holder = address, %error, suppressed, "forwarding to the role holder failed");
+            }
         }
     }
     Problem::new(reason, detail)

@@ -41,6 +41,22 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 12] = [
+        Reason::MissingKey,
+        Reason::HolderUnknown,
+        Reason::HolderUnreachable,
+        Reason::HolderTimeout,
+        Reason::AlreadyForwarded,
+        Reason::UpstreamUnreachable,
+        Reason::UpstreamTimeout,
+        Reason::BadRequest,
+        Reason::BadKey,
+        Reason::AmbiguousPath,
+        Reason::BadBody,
+        Reason::MethodNotAllowed,
+    ];
+
     /// The reason's name, as in the problem body and metrics.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -165,5 +181,22 @@ impl Problem {
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reason_has_its_own_outcome_label() {
+        for r in Reason::ALL {
+            assert!(
+                crate::telemetry::OUTCOMES.contains(&r.as_str()),
+                "{} is not counted under its own label",
+                r.as_str()
+            );
+        }
+        assert_eq!(crate::telemetry::OUTCOMES.len(), 3 + Reason::ALL.len());
     }
 }

@@ -19,6 +19,18 @@ pub fn unique_table(tag: &str) -> String {
     format!("rg_{}_{}_{}", tag, std::process::id(), n)
 }
 
+/// A fresh directory for one test's files, under `$ROLEGATE_TEST_TMP`
+/// (`scripts/test` points it at a directory it removes when the run ends),
+/// else under the system temp dir in `rolegate-tests/`.
+pub fn test_dir(tag: &str) -> PathBuf {
+    let root = std::env::var_os("ROLEGATE_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("rolegate-tests"));
+    let dir = root.join(unique_table(tag));
+    std::fs::create_dir_all(&dir).expect("create a test directory");
+    dir
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())

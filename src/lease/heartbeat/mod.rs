@@ -57,7 +57,7 @@ pub(super) struct HeartbeatLoop {
     registered_ticks: u64,
     calls_this_tick: u64,
     published: u64,
-    last_error_log: Option<Instant>,
+    warnings: telemetry::WarnGate,
 }
 
 impl HeartbeatLoop {
@@ -86,7 +86,7 @@ impl HeartbeatLoop {
             registered_ticks: 0,
             calls_this_tick: 0,
             published: 0,
-            last_error_log: None,
+            warnings: telemetry::WarnGate::default(),
         }
     }
 
@@ -165,15 +165,12 @@ impl HeartbeatLoop {
             .fetch_add(1, Ordering::Relaxed);
         metrics::counter!(telemetry::STORE_ERRORS, "op" => what).increment(1);
         self.store_ok = false;
-        let now = Instant::now();
-        // One warning per second at most while the store is down.
-        if self
-            .last_error_log
-            .is_none_or(|t| now.duration_since(t) >= Duration::from_secs(1))
-        {
-            self.last_error_log = Some(now);
+        // One warning per second at most while the store is down, saying how
+        // many were held back.
+        let every = Duration::from_secs(1);
+        if let Some(suppressed) = self.warnings.admit("store", every, Instant::now()) {
             let error = crate::redact::redact_text(error);
-            tracing::warn!(store = self.shared.store().kind(), op = what, %error, "lease store call failed; failing closed and retrying");
+            tracing::warn!(store = self.shared.store().kind(), op = what, %error, suppressed, "lease store call failed; failing closed and retrying");
         }
     }
 
