@@ -308,6 +308,53 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
     .await;
 }
 
+/// A role released for bad health says so: in the 503, on `/leases`, on the
+/// status page and in a metric.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_released_for_bad_health_say_so_everywhere_an_operator_looks() {
+    let spec = ClusterSpec {
+        upstream_yaml:
+            "  health:\n    path: /healthz\n    interval: 100ms\n    unhealthy_after: 2\n".into(),
+        ..ClusterSpec::postgres("op_health_why")
+    };
+    let (apps, gws) = two_gateways(&spec).await;
+    for app in &apps {
+        app.set_healthy(false);
+    }
+    support::wait_for_async("nobody holds anything", Duration::from_secs(5), || async {
+        let (a, b) = (gws[0].held().await, gws[1].held().await);
+        a.values().chain(b.values()).all(|h| !h.0)
+    })
+    .await;
+    let why = "the app failed 2 health probes of /healthz in a row";
+    let (status, _, body) = cluster::get(&format!("{}/maintenance/x", gws[0].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        body.contains("does not contend") && body.contains(why),
+        "{body}"
+    );
+    let v = gws[0].leases().await;
+    assert_eq!(v["instance"]["not_candidate_because"], why, "{v}");
+    let (_, _, page) = cluster::get(&format!("{}/", gws[0].admin_url()))
+        .await
+        .unwrap();
+    assert!(String::from_utf8_lossy(&page).contains(why));
+    let m = metrics(&gws[0]).await;
+    assert_eq!(
+        m.get("rolegate_health_withdrawals_total").copied(),
+        Some(1.0)
+    );
+    // Healthy again: the reason is gone.
+    apps[0].set_healthy(true);
+    support::wait_for_async("g0 contends again", Duration::from_secs(5), || async {
+        gws[0].leases().await["instance"]["not_candidate_because"].is_null()
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hop_marker_request_counts_as_already_forwarded_in_metrics() {
     let spec = ClusterSpec::postgres("op_hopm");
