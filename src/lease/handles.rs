@@ -59,7 +59,7 @@ impl RoleLease {
     }
 
     /// Why this instance does not contend for roles, if it was withdrawn
-    /// with a reason (see [`Coordinator::withdraw`]).
+    /// with a reason (see [`Coordinator::withdraw`](super::Coordinator::withdraw)).
     pub fn withdrawal(&self) -> Option<Arc<str>> {
         self.shared.withdrawal()
     }
@@ -107,7 +107,7 @@ impl RolePartition {
     }
 
     /// Why this instance does not contend for roles, if it was withdrawn
-    /// with a reason (see [`Coordinator::withdraw`]).
+    /// with a reason (see [`Coordinator::withdraw`](super::Coordinator::withdraw)).
     pub fn withdrawal(&self) -> Option<Arc<str>> {
         self.shared.withdrawal()
     }

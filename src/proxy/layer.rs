@@ -52,7 +52,11 @@ impl LayerOptions {
                 proxy_defaults::RESPONSE_HEADER_TIMEOUT,
             )?,
             cluster_secret: None,
-            retry_after_secs: 5,
+            // The gateway's default: the default renew interval, in seconds.
+            retry_after_secs: crate::lease::LeaseTimings::default()
+                .renew_interval
+                .as_secs()
+                .max(1),
             case_insensitive_paths: proxy_defaults::CASE_INSENSITIVE_PATHS,
             upgrades: proxy_defaults::UPGRADES
                 .iter()
