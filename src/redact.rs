@@ -97,22 +97,6 @@ pub fn redact_text(text: &str) -> String {
     out
 }
 
-/// Serializes a URL with its secrets redacted (for `check-config --print`).
-pub(crate) fn serialize_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&redact_url(url))
-}
-
-/// Serializes a secret as `<redacted>` when set.
-pub(crate) fn serialize_secret<S: serde::Serializer>(
-    v: &Option<String>,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    match v {
-        Some(_) => s.serialize_some("<redacted>"),
-        None => s.serialize_none(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

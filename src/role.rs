@@ -140,6 +140,7 @@ impl PartialEq<&str> for RoleName {
     }
 }
 
+/// Serializes as the plain name (e.g. a JSON string).
 impl serde::Serialize for RoleName {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&self.0)

@@ -8,8 +8,6 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use serde::Serialize;
-
 mod instance;
 mod print;
 mod proxy;
@@ -64,7 +62,7 @@ impl fmt::Display for ConfigError {
 }
 
 /// The `instance` section: who this gateway is.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InstanceConfig {
     /// Stable instance name; a random id is used when unset.
     pub name: Option<String>,
@@ -73,70 +71,57 @@ pub struct InstanceConfig {
 }
 
 /// `upstream.health`: the app's health check, which gates candidacy.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HealthConfig {
     /// Path probed on the app, e.g. `/healthz`.
     pub path: String,
     /// Time between probes.
-    #[serde(serialize_with = "crate::lease::serialize_duration")]
     pub interval: Duration,
     /// Failed probes in a row before the instance stops being a candidate.
     pub unhealthy_after: u32,
 }
 
 /// The `upstream` section: the app behind this gateway.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamConfig {
     /// Base URL of the app.
-    #[serde(serialize_with = "crate::redact::serialize_url")]
     pub url: String,
     /// Optional health check.
     pub health: Option<HealthConfig>,
 }
 
 /// The `proxy` section: forwarding timeouts and the request rules.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
     /// Time to open a connection to the app or a peer.
-    #[serde(serialize_with = "crate::lease::serialize_duration")]
     pub connect_timeout: Duration,
     /// Time for a response head after the request body was sent.
-    #[serde(serialize_with = "crate::lease::serialize_duration")]
     pub response_header_timeout: Duration,
     /// `Retry-After` seconds on 503s; computed from the renew intervals when unset.
     pub retry_after: Option<u64>,
     /// Shared secret that signs the hop marker between gateways.
-    #[serde(serialize_with = "crate::redact::serialize_secret")]
     pub cluster_secret: Option<String>,
     /// No byte either way on a connection or tunnel for this long closes it.
-    #[serde(serialize_with = "crate::lease::serialize_duration")]
     pub idle_timeout: Duration,
     /// Match route prefixes ignoring ASCII case.
     pub case_insensitive_paths: bool,
     /// `Upgrade` protocols passed through (lowercase); others are stripped.
     pub upgrades: Vec<String>,
     /// Networks whose `X-Forwarded-*`/`Forwarded` fields are kept.
-    #[serde(serialize_with = "cidrs")]
     pub trusted_proxies: Vec<Cidr>,
     /// Public-listener connections served at once.
     pub max_connections: usize,
 }
 
-fn cidrs<S: serde::Serializer>(v: &[Cidr], s: S) -> Result<S::Ok, S::Error> {
-    s.collect_seq(v.iter().map(|c| c.to_string()))
-}
-
 /// The `shutdown` section.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShutdownConfig {
     /// Longest wait for in-flight requests before roles are released anyway.
-    #[serde(serialize_with = "crate::lease::serialize_duration")]
     pub drain_timeout: Duration,
 }
 
 /// What a route is gated by.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteTarget {
     /// A declared role: only its holder executes the route.
     Role(RoleName),
@@ -152,7 +137,7 @@ pub enum RouteTarget {
 }
 
 /// One entry of `routes`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteConfig {
     /// Path prefixes, as written (canonicalized by the route table).
     pub prefixes: Vec<String>,
@@ -161,7 +146,7 @@ pub struct RouteConfig {
 }
 
 /// One entry of `roles`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RoleConfig {
     /// The role's name.
     pub name: RoleName,
@@ -170,7 +155,7 @@ pub struct RoleConfig {
 }
 
 /// One entry of `partitions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionConfig {
     /// The partition's name; its roles are `{name}:partition-{i}`.
     pub name: RoleName,
@@ -181,7 +166,7 @@ pub struct PartitionConfig {
 }
 
 /// A resolved, validated configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     /// Who this gateway is.
     pub instance: InstanceConfig,

@@ -22,7 +22,6 @@ pub use handles::{HolderInfo, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
 pub use state::LeaseEvent;
-pub(crate) use timings::serialize_duration;
 pub use timings::{LeaseTimings, TimingsError, MAX_DURATION};
 
 use crate::role::RoleName;

@@ -2,23 +2,18 @@
 
 use std::time::Duration;
 
-use serde::Serialize;
-
 /// Longest lease duration accepted, so deadline arithmetic never overflows.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// Lease timings: a default for all roles, overridable per role or partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LeaseTimings {
     /// How long a term lasts in the store without renewal.
-    #[serde(serialize_with = "serialize_duration")]
     pub duration: Duration,
     /// How often the holder renews (and others retry).
-    #[serde(serialize_with = "serialize_duration")]
     pub renew_interval: Duration,
     /// How much earlier than the store's expiry the holder stops trusting
     /// its term (absorbs clock drift and delays).
-    #[serde(serialize_with = "serialize_duration")]
     pub safety_margin: Duration,
 }
 
@@ -72,12 +67,4 @@ impl LeaseTimings {
         }
         Ok(())
     }
-}
-
-/// Serializes a duration as text like `15s` or `1m 30s`.
-pub(crate) fn serialize_duration<S: serde::Serializer>(
-    d: &Duration,
-    s: S,
-) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&humantime::format_duration(*d).to_string())
 }

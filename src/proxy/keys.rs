@@ -10,8 +10,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Uri};
 
 /// Where a partition route finds its key (the config's `key:` field).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// A request header, by lowercase name.
     Header(String),

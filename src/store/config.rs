@@ -2,14 +2,11 @@
 //! layer owns. The config file produces a [`StoreConfig`]; library users can
 //! build one directly.
 
-use serde::Serialize;
-
 /// Default table name of the SQL stores (and key namespace of Redis and etcd).
 pub const DEFAULT_TABLE: &str = "rolegate_role_leases";
 
 /// The store backends rolegate knows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StoreKind {
     /// In-process only; for tests and a single process.
     Memory,
@@ -48,13 +45,12 @@ impl StoreKind {
 }
 
 /// Where the leases live.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreConfig {
     /// The backend.
     pub kind: StoreKind,
     /// Connection URL (a file path or `sqlite:` URL for SQLite; comma-separated
     /// endpoints for etcd).
-    #[serde(serialize_with = "crate::redact::serialize_url")]
     pub url: String,
     /// Apply the schema when the store is opened.
     pub migrate: bool,
@@ -63,7 +59,6 @@ pub struct StoreConfig {
     /// etcd user name.
     pub username: Option<String>,
     /// etcd password.
-    #[serde(serialize_with = "crate::redact::serialize_secret")]
     pub password: Option<String>,
 }
 
