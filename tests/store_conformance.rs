@@ -284,6 +284,37 @@ async fn batched_claims_cover_many_roles_in_one_call(store: Arc<dyn LeaseStore>,
     assert!(store.claim(&b, &claims).await.unwrap().is_empty());
 }
 
+/// Presence: a record is listed while it lives, with its address and
+/// candidacy; `leave` removes it at once; one not refreshed expires.
+async fn presence_lists_live_members_and_forgets_gone_ones(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let (a, b, c) = (instance(1), instance(2), instance(3));
+    let ttl = Duration::from_millis(scale.ms(300));
+    let ids = |ms: &[rolegate::store::Member]| -> Vec<String> {
+        let mut ids: Vec<String> = ms.iter().map(|m| m.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let seen = store.presence(&a, true, ttl).await.expect("presence");
+    assert!(ids(&seen).contains(&a.id), "{seen:?}");
+    let seen = store.presence(&b, false, ttl).await.expect("presence");
+    let mine = seen.iter().find(|m| m.id == b.id).expect("b listed");
+    assert_eq!(mine.address, b.address);
+    assert!(!mine.candidate);
+    let other = seen.iter().find(|m| m.id == a.id).expect("a listed");
+    assert!(other.candidate);
+    store.leave(&b).await.expect("leave");
+    let seen = store.presence(&a, true, ttl).await.unwrap();
+    assert!(!ids(&seen).contains(&b.id), "b left: {seen:?}");
+    // a stops refreshing: expired, it is no longer listed.
+    scale.past(400).await;
+    let seen = store.presence(&c, true, ttl).await.unwrap();
+    assert!(!ids(&seen).contains(&a.id), "a expired: {seen:?}");
+    assert!(ids(&seen).contains(&c.id));
+}
+
 macro_rules! conformance {
     ($backend:ident, $make:expr) => {
         conformance!($backend, $make, Scale::FINE);
@@ -301,7 +332,8 @@ macro_rules! conformance {
                 snapshot_reports_holders_tokens_and_time_left,
                 release_notification_reaches_a_waiting_instance,
                 names_over_128_bytes_are_refused,
-                batched_claims_cover_many_roles_in_one_call
+                batched_claims_cover_many_roles_in_one_call,
+                presence_lists_live_members_and_forgets_gone_ones
             );
         }
     };

@@ -25,7 +25,7 @@ use tokio::sync::Mutex;
 use super::error::{with_sources, BoxError};
 use super::{
     check_table_name, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
-    RoleName, StoreError,
+    Member, RoleName, StoreError,
 };
 
 /// etcd's default `--max-txn-ops`.
@@ -507,5 +507,74 @@ impl LeaseStore for EtcdStore {
             Ok(feed::spawn(notices))
         }
         .boxed()
+    }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        self.presence_call(me, candidate, ttl).boxed()
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            let mut c = self.client.clone();
+            c.delete(self.member_key(&me.id), None)
+                .await
+                .map_err(self.error("leave"))?;
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+impl EtcdStore {
+    fn member_key(&self, id: &str) -> String {
+        format!("{}/members/{id}", self.ns)
+    }
+
+    /// Presence is a key on the instance's own etcd lease, so it expires with
+    /// it; written and read back in one transaction.
+    async fn presence_call(
+        &self,
+        me: &InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> Result<Vec<Member>, StoreError> {
+        let (lease, _) = self.keep_alive(&me.id, ttl).await?;
+        let value = format!("{} {}", u8::from(candidate), me.address);
+        let prefix = format!("{}/members/", self.ns);
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                self.member_key(&me.id),
+                value,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix())),
+        ]);
+        let mut c = self.client.clone();
+        let resp = c.txn(txn).await.map_err(self.error("presence"))?;
+        let mut members = Vec::new();
+        for op in resp.op_responses() {
+            let etcd_client::TxnOpResponse::Get(get) = op else {
+                continue;
+            };
+            for kv in get.kvs() {
+                let (Ok(key), Ok(value)) = (kv.key_str(), kv.value_str()) else {
+                    continue;
+                };
+                let Some((flag, address)) = value.split_once(' ') else {
+                    continue;
+                };
+                members.push(Member {
+                    id: key.trim_start_matches(prefix.as_str()).to_string(),
+                    address: address.to_string(),
+                    candidate: flag == "1",
+                });
+            }
+        }
+        Ok(members)
     }
 }

@@ -10,7 +10,8 @@ use futures_util::{stream, FutureExt};
 use tokio::sync::broadcast;
 
 use super::{
-    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, RoleName, StoreError,
+    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member, RoleName,
+    StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -25,6 +26,7 @@ struct Record {
 #[derive(Debug)]
 pub struct MemoryStore {
     table: Mutex<BTreeMap<String, Record>>,
+    members: Mutex<BTreeMap<String, (Member, Instant)>>,
     changes: broadcast::Sender<()>,
 }
 
@@ -39,6 +41,7 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self {
             table: Mutex::new(BTreeMap::new()),
+            members: Mutex::new(BTreeMap::new()),
             changes: broadcast::channel(64).0,
         }
     }
@@ -191,6 +194,38 @@ impl LeaseStore for MemoryStore {
                 }
             });
             Ok(feed::spawn(notices))
+        }
+        .boxed()
+    }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            let record = Member {
+                id: me.id.clone(),
+                address: me.address.clone(),
+                candidate,
+            };
+            members.insert(me.id.clone(), (record, now + ttl));
+            members.retain(|_, (_, until)| *until > now);
+            Ok(members.values().map(|(m, _)| m.clone()).collect())
+        }
+        .boxed()
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+            members.remove(&me.id);
+            drop(members);
+            let _ = self.changes.send(());
+            Ok(())
         }
         .boxed()
     }

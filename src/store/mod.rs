@@ -70,6 +70,17 @@ pub struct Grant {
     pub token: u64,
 }
 
+/// A live instance, as its presence record says (partition balancing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// The instance id.
+    pub id: String,
+    /// Its advertise address.
+    pub address: String,
+    /// Whether it contends for roles.
+    pub candidate: bool,
+}
+
 /// A row of the lease table as the store sees it now.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -129,6 +140,20 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Starts the change feed. It survives connection loss by reconnecting.
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>>;
+
+    /// Writes this instance's presence record (expiring `ttl` from now by the
+    /// store's clock) and reads every unexpired one, itself included, in one
+    /// round trip. Records expired long ago are removed on the way.
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>>;
+
+    /// Removes this instance's presence record (graceful stop), so the others
+    /// rebalance at once instead of at its expiry.
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>>;
 }
 
 /// Opens the store a config names, applying the schema when

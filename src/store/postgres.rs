@@ -11,10 +11,10 @@ use futures_util::{stream, FutureExt};
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
 use sqlx::Connection;
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, Target};
+use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, Target};
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, RoleName, StoreError,
+    LeaseStore, Member, RoleName, StoreError,
 };
 
 /// How long the direct connection attempt that explains a pool timeout may take.
@@ -36,6 +36,8 @@ struct Statements {
     release: String,
     snapshot: String,
     snapshot_all: String,
+    presence: String,
+    leave: String,
 }
 
 impl Statements {
@@ -49,6 +51,8 @@ impl Statements {
             release: render(include_str!("sql/postgres/release.sql")),
             snapshot: render(include_str!("sql/postgres/snapshot.sql")),
             snapshot_all: render(include_str!("sql/postgres/snapshot_all.sql")),
+            presence: render(include_str!("sql/postgres/presence.sql")),
+            leave: render(include_str!("sql/postgres/leave.sql")),
         }
     }
 }
@@ -235,6 +239,47 @@ impl LeaseStore for PostgresStore {
         }
         .boxed()
     }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        self.presence_call(me, candidate, ttl)
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            let query = sqlx::query(&self.sql.leave)
+                .bind(&me.id)
+                .execute(&self.pool);
+            self.run("leave", query).await?;
+            Ok(())
+        }
+        .boxed()
+    }
+}
+
+impl PostgresStore {
+    fn presence_call<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        async move {
+            let query = sqlx::query_as::<_, MemberRow>(&self.sql.presence)
+                .bind(&me.id)
+                .bind(&me.address)
+                .bind(candidate)
+                .bind(millis(ttl))
+                .fetch_all(&self.pool);
+            let rows = self.run("presence", query).await?;
+            Ok(rows.into_iter().map(Member::from).collect())
+        }
+        .boxed()
+    }
 }
 
 /// Role names as a text array parameter.
@@ -256,6 +301,8 @@ mod tests {
             &s.release,
             &s.snapshot,
             &s.snapshot_all,
+            &s.presence,
+            &s.leave,
         ] {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
             assert!(sql.contains("leases"), "{sql}");

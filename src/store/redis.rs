@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, RoleName, StoreError,
+    LeaseStore, Member, RoleName, StoreError,
 };
 
 /// Leases in one Redis primary, under the key namespace `ns`.
@@ -31,6 +31,8 @@ pub struct RedisStore {
     claim: redis::Script,
     release: redis::Script,
     snapshot: redis::Script,
+    presence: redis::Script,
+    leave: redis::Script,
 }
 
 impl RedisStore {
@@ -47,6 +49,8 @@ impl RedisStore {
             claim: redis::Script::new(include_str!("redis/claim.lua")),
             release: redis::Script::new(include_str!("redis/release.lua")),
             snapshot: redis::Script::new(include_str!("redis/snapshot.lua")),
+            presence: redis::Script::new(include_str!("redis/presence.lua")),
+            leave: redis::Script::new(include_str!("redis/leave.lua")),
         })
     }
 
@@ -119,6 +123,13 @@ impl RedisStore {
         }
         roles.sort();
         Ok(roles)
+    }
+}
+
+impl RedisStore {
+    /// `{ns}:members:{which}`: the expiry-scored set and the record hash.
+    fn members_key(&self, which: &str) -> String {
+        format!("{}:members:{which}", self.ns)
     }
 }
 
@@ -286,6 +297,57 @@ impl LeaseStore for RedisStore {
                 .map_err(self.error("subscribe"))?;
             // The stream ends with the connection.
             Ok(feed::spawn(pubsub.into_on_message().map(|_| ())))
+        }
+        .boxed()
+    }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        async move {
+            let mut c = self.conn().await?;
+            let out: Vec<String> = self
+                .presence
+                .key(self.members_key("set"))
+                .key(self.members_key("info"))
+                .arg(&me.id)
+                .arg(&me.address)
+                .arg(if candidate { "1" } else { "0" })
+                .arg(millis(ttl))
+                .invoke_async(&mut c)
+                .await
+                .map_err(self.error("presence"))?;
+            Ok(out
+                .chunks(2)
+                .filter_map(|pair| {
+                    let (flag, address) = pair.get(1)?.split_once(' ')?;
+                    Some(Member {
+                        id: pair[0].clone(),
+                        address: address.to_string(),
+                        candidate: flag == "1",
+                    })
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            let mut c = self.conn().await?;
+            let _: i64 = self
+                .leave
+                .key(self.members_key("set"))
+                .key(self.members_key("info"))
+                .arg(&me.id)
+                .arg(self.channel())
+                .invoke_async(&mut c)
+                .await
+                .map_err(self.error("leave"))?;
+            Ok(())
         }
         .boxed()
     }

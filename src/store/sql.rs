@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::{Grant, LeaseRecord, StoreError};
+use super::{Grant, LeaseRecord, Member, StoreError};
 
 /// The `op` of a failed connection attempt, for [`Target::error`].
 pub(super) const CONNECT: &str = "connect";
@@ -59,6 +59,24 @@ impl From<GrantRow> for Grant {
         Grant {
             role: row.role,
             token: row.token as u64,
+        }
+    }
+}
+
+/// A presence record as the presence statements return it.
+#[derive(sqlx::FromRow)]
+pub(super) struct MemberRow {
+    instance_id: String,
+    address: String,
+    candidate: bool,
+}
+
+impl From<MemberRow> for Member {
+    fn from(row: MemberRow) -> Self {
+        Member {
+            id: row.instance_id,
+            address: row.address,
+            candidate: row.candidate,
         }
     }
 }

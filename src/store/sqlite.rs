@@ -14,10 +14,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, Target};
+use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, Target};
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, RoleName, StoreError,
+    LeaseStore, Member, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
@@ -39,6 +39,11 @@ struct Statements {
     snapshot: String,
     snapshot_all: String,
     generation: String,
+    presence_write: String,
+    presence_prune: String,
+    presence_read: String,
+    leave: String,
+    wake: String,
 }
 
 impl Statements {
@@ -56,6 +61,11 @@ impl Statements {
             snapshot: render(include_str!("sql/sqlite/snapshot.sql")),
             snapshot_all: render(include_str!("sql/sqlite/snapshot_all.sql")),
             generation: render(include_str!("sql/sqlite/generation.sql")),
+            presence_write: render(include_str!("sql/sqlite/presence_write.sql")),
+            presence_prune: render(include_str!("sql/sqlite/presence_prune.sql")),
+            presence_read: render(include_str!("sql/sqlite/presence_read.sql")),
+            leave: render(include_str!("sql/sqlite/leave.sql")),
+            wake: render(include_str!("sql/sqlite/wake.sql")),
         }
     }
 }
@@ -99,6 +109,51 @@ impl SqliteStore {
 fn json(op: &'static str, value: &impl serde::Serialize) -> Result<String, StoreError> {
     serde_json::to_string(value)
         .map_err(|e| StoreError::unavailable(format!("SQLite {op}: encoding the batch"), e))
+}
+
+impl SqliteStore {
+    /// Write, prune and read in one transaction: one visit to the file.
+    async fn presence_call(
+        &self,
+        me: &InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> Result<Vec<Member>, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(self.error("presence"))?;
+        sqlx::query(&self.sql.presence_write)
+            .bind(&me.id)
+            .bind(&me.address)
+            .bind(candidate)
+            .bind(millis(ttl))
+            .execute(&mut *tx)
+            .await
+            .map_err(self.error("presence"))?;
+        sqlx::query(&self.sql.presence_prune)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.error("presence"))?;
+        let rows = sqlx::query_as::<_, MemberRow>(&self.sql.presence_read)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(self.error("presence"))?;
+        tx.commit().await.map_err(self.error("presence"))?;
+        Ok(rows.into_iter().map(Member::from).collect())
+    }
+
+    async fn leave_call(&self, me: &InstanceInfo) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(self.error("leave"))?;
+        sqlx::query(&self.sql.leave)
+            .bind(&me.id)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.error("leave"))?;
+        sqlx::query(&self.sql.wake)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.error("leave"))?;
+        tx.commit().await.map_err(self.error("leave"))?;
+        Ok(())
+    }
 }
 
 impl LeaseStore for SqliteStore {
@@ -223,6 +278,19 @@ impl LeaseStore for SqliteStore {
             Ok(feed::spawn(notices))
         }
         .boxed()
+    }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        self.presence_call(me, candidate, ttl).boxed()
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.leave_call(me).boxed()
     }
 }
 

@@ -28,3 +28,10 @@ BEGIN
     END IF;
 END
 $do$;
+-- Presence records for partition balancing: one row per live instance.
+CREATE TABLE IF NOT EXISTS {table}_members (
+    instance_id  text PRIMARY KEY,
+    address      text NOT NULL,
+    candidate    boolean NOT NULL,
+    expires_at   timestamptz NOT NULL
+);

@@ -20,3 +20,10 @@ WHEN NEW.token IS NOT OLD.token OR NEW.holder_id IS NOT OLD.holder_id
 BEGIN
     UPDATE {table}_changes SET generation = generation + 1 WHERE id = 1;
 END;
+-- Presence records for partition balancing: one row per live instance.
+CREATE TABLE IF NOT EXISTS {table}_members (
+    instance_id    TEXT PRIMARY KEY,
+    address        TEXT NOT NULL,
+    candidate      INTEGER NOT NULL,
+    expires_at_ms  INTEGER NOT NULL
+);

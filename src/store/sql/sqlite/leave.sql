@@ -1,0 +1,2 @@
+-- ?1 instance id. Removes its presence record.
+DELETE FROM {table}_members WHERE instance_id = ?1
