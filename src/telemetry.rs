@@ -29,6 +29,12 @@ pub const OPEN_UPGRADES: &str = "rolegate_open_upgrades";
 pub const CANDIDATE: &str = "rolegate_candidate";
 /// Gauge: 1 while the store answers and a snapshot is loaded.
 pub const READY: &str = "rolegate_ready";
+/// Gauge: roles of each balanced partition held here, by `partition`.
+pub const PARTITION_ROLES_HELD: &str = "rolegate_partition_roles_held";
+/// Counter: partition roles that moved by `cause`: `join` (handed to a new
+/// member), `surplus` (handed over to even the shares), `leave` (taken from
+/// a member that left).
+pub const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.
 pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
@@ -72,6 +78,14 @@ fn describe() {
     describe_gauge!(CANDIDATE, "1 while this instance contends for roles");
     describe_gauge!(READY, "1 while the store answers and a snapshot is loaded");
     describe_counter!(HEALTH_PROBES, "upstream health probes by outcome");
+    describe_gauge!(
+        PARTITION_ROLES_HELD,
+        "roles of each balanced partition held here"
+    );
+    describe_counter!(
+        PARTITION_MOVES,
+        "partition roles moved, by cause (join, surplus, leave)"
+    );
     describe_counter!(
         HEALTH_WITHDRAWALS,
         "times this instance stopped contending because its app failed its health check"
@@ -219,13 +233,21 @@ impl Drop for OpenGuard {
 pub struct TrackedBody {
     inner: axum::body::Body,
     _open: OpenGuard,
+    /// Dropped with the body: e.g. the count of local work under a role.
+    _hold: Option<Box<dyn Send + Sync>>,
 }
 
 impl TrackedBody {
-    pub fn wrap(inner: axum::body::Body) -> axum::body::Body {
+    /// Counts `inner` in `rolegate_open_streams` while it streams, and keeps
+    /// `hold` alive until it ends.
+    pub fn holding(
+        inner: axum::body::Body,
+        hold: Option<Box<dyn Send + Sync>>,
+    ) -> axum::body::Body {
         axum::body::Body::new(TrackedBody {
             inner,
             _open: OpenGuard::stream(),
+            _hold: hold,
         })
     }
 }

@@ -287,7 +287,11 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>,
         let mut b = CoordinatorBuilder::new(store.clone()).advertise("http://127.0.0.1:1");
         b = match partitions {
             None => b.role(support::unique_table("solo"), t),
-            Some(n) => b.partition(support::unique_table("part"), n, t),
+            Some(n) => {
+                // Unbalanced: balancing adds its one presence call.
+                let name = support::unique_table("part");
+                b.partition(&name, n, t).balance(&name, None)
+            }
         };
         let c = b.start().unwrap();
         let n = c.role_names().len();
@@ -319,6 +323,83 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>,
     );
 }
 
+/// One member of a balanced partition, on `store`.
+fn member(store: &Arc<dyn LeaseStore>, partition: &str, n: u32, t: LeaseTimings) -> Coordinator {
+    CoordinatorBuilder::new(store.clone())
+        .instance_name("bal")
+        .advertise(format!("http://127.0.0.1:{}", support::free_port()))
+        .partition(partition, n, t)
+        .start()
+        .unwrap()
+}
+
+/// Roles of the partition each live coordinator holds now, sorted.
+fn shares(cs: &[Coordinator]) -> Vec<usize> {
+    let now = Instant::now();
+    let mut out: Vec<usize> = cs
+        .iter()
+        .map(|c| c.snapshot().roles.iter().filter(|r| r.held_now(now)).count())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Waits until the shares are `want`, within `bound`; says how long it took.
+async fn settles(cs: &[Coordinator], want: &[usize], bound: Duration, what: &str) -> Duration {
+    let start = Instant::now();
+    loop {
+        if shares(cs) == want {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{what}: shares {:?}, want {want:?} within {bound:?}",
+            shares(cs)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Every role's token: unchanged tokens over a window mean no role moved.
+fn tokens(cs: &[Coordinator]) -> Vec<u64> {
+    let snaps: Vec<_> = cs.iter().map(|c| c.snapshot()).collect();
+    (0..snaps[0].roles.len())
+        .map(|i| snaps.iter().map(|s| s.roles[i].token).max().unwrap_or(0))
+        .collect()
+}
+
+/// 12 roles over 3 → 4/4/4; a graceful leave → 6/6; a join → 4/4/4; a
+/// crash → 6/6 after expiry; a rejoin → 4/4/4; then a steady cluster makes
+/// no move. Each within `rebalance_delay + N/C × renew_interval` (plus the
+/// duration after the crash), with slack for a loaded machine.
+async fn partitions_spread_evenly_and_settle_through_joins_leaves_and_crashes(
+    store: Arc<dyn LeaseStore>,
+    t: LeaseTimings,
+) {
+    let p = support::unique_table("bal");
+    let bound = t.renew_interval * 2 + t.renew_interval * 6 + Duration::from_secs(2);
+    let mut cs: Vec<Coordinator> = (0..3).map(|_| member(&store, &p, 12, t)).collect();
+    settles(&cs, &[4, 4, 4], bound, "three members").await;
+    cs.remove(0).shutdown().await;
+    settles(&cs, &[6, 6], bound, "after a graceful leave").await;
+    cs.push(member(&store, &p, 12, t));
+    settles(&cs, &[4, 4, 4], bound, "after a join").await;
+    let crashed = cs.remove(0);
+    crashed.abort();
+    settles(&cs, &[6, 6], bound + t.duration * 2, "after a crash").await;
+    cs.push(member(&store, &p, 12, t));
+    settles(&cs, &[4, 4, 4], bound, "after a rejoin").await;
+    // Steady: no term changes anywhere for a while.
+    tokio::time::sleep(t.renew_interval * 2).await;
+    let before = tokens(&cs);
+    tokio::time::sleep(t.renew_interval * 25).await;
+    assert_eq!(tokens(&cs), before, "a steady cluster moves nothing");
+    assert_eq!(shares(&cs), vec![4, 4, 4]);
+    for c in cs {
+        c.shutdown().await;
+    }
+}
+
 macro_rules! coordinator_suite {
     ($backend:ident, $make:expr) => {
         coordinator_suite!($backend, $make, TIMINGS);
@@ -330,7 +411,8 @@ macro_rules! coordinator_suite {
                 holders_never_overlap_under_churn,
                 graceful_stop_hands_over_within_one_renew_interval,
                 crashed_holder_is_replaced_within_duration_plus_renew,
-                store_calls_per_tick_do_not_grow_with_roles
+                store_calls_per_tick_do_not_grow_with_roles,
+                partitions_spread_evenly_and_settle_through_joins_leaves_and_crashes
             );
         }
     };

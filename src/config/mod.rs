@@ -163,6 +163,11 @@ pub struct PartitionConfig {
     pub count: u32,
     /// Timings of every role of the partition.
     pub lease: LeaseTimings,
+    /// Spread the roles over the live candidates (default true).
+    pub balance: bool,
+    /// How long membership must be stable before surplus roles are handed
+    /// over (default 2 × `renew_interval`).
+    pub rebalance_delay: Duration,
 }
 
 /// A resolved, validated configuration.
@@ -263,6 +268,7 @@ impl Config {
                 name: p.name.clone(),
                 count: p.count,
                 timings: p.lease,
+                balance: p.balance.then_some(p.rebalance_delay),
             })
             .collect()
     }

@@ -85,6 +85,8 @@ struct Partition {
     count: u32,
     #[serde(flatten)]
     lease: Timings,
+    balance: bool,
+    rebalance_delay: String,
 }
 
 #[derive(Serialize)]
@@ -200,6 +202,8 @@ impl Config {
                     name: p.name.to_string(),
                     count: p.count,
                     lease: timings(&p.lease),
+                    balance: p.balance,
+                    rebalance_delay: text(p.rebalance_delay),
                 })
                 .collect(),
             routes: self.routes.iter().map(route).collect(),

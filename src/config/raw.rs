@@ -194,6 +194,8 @@ pub(super) struct RawPartition {
     pub(super) duration: Option<Text>,
     pub(super) renew_interval: Option<Text>,
     pub(super) safety_margin: Option<Text>,
+    pub(super) balance: Option<bool>,
+    pub(super) rebalance_delay: Option<Text>,
 }
 
 #[derive(Deserialize)]

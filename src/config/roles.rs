@@ -79,10 +79,17 @@ impl Resolver<'_> {
                 &format!("partitions[{i}]"),
                 Some(&p.name.referenced),
             )?;
+            let rebalance_delay = self.duration(
+                &p.rebalance_delay,
+                &format!("partitions[{i}].rebalance_delay"),
+                timings.renew_interval * 2,
+            )?;
             partitions.push(PartitionConfig {
                 name,
                 count,
                 lease: timings,
+                balance: p.balance.unwrap_or(true),
+                rebalance_delay,
             });
         }
         Ok(partitions)

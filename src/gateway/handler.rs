@@ -92,11 +92,11 @@ impl GatewayState {
                 http::header::ALLOW,
                 http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
             );
-            return finish(resp, Outcome::Passthrough);
+            return finish(resp, Outcome::Passthrough, None);
         }
         if let Some(problem) = refuse_request(&req) {
             let (resp, outcome) = self.settings.reject(problem);
-            return finish(resp, outcome);
+            return finish(resp, outcome, None);
         }
         let target = match self.routes.find(req.uri().path()) {
             Ok(target) => target,
@@ -106,14 +106,14 @@ impl GatewayState {
                     RouteError::BadPath(_) => Reason::BadRequest,
                 };
                 let (resp, outcome) = self.settings.reject(Problem::new(reason, e.to_string()));
-                return finish(resp, outcome);
+                return finish(resp, outcome, None);
             }
         };
         let Some(target) = target else {
             // Remember a verified hop (its forwarding fields are trusted).
             self.settings.take_hop(&mut req);
             let (resp, outcome) = self.to_upstream(req, client, None).await;
-            return finish(resp, outcome);
+            return finish(resp, outcome, None);
         };
         let forwarded = self.settings.take_hop(&mut req);
         // Decide on the headers the app will see.
@@ -124,7 +124,7 @@ impl GatewayState {
             .settle(target, req, Some(client), forwarded)
             .await
         {
-            Settled::Local(req, lease) => {
+            Settled::Local(req, lease, work) => {
                 if let Some(log) = &self.events {
                     log.admitted(
                         &self.settings.instance_id,
@@ -133,8 +133,11 @@ impl GatewayState {
                         lease.checked_at,
                     );
                 }
-                self.to_upstream(req, client, Some((lease.role, lease.token)))
-                    .await
+                let (resp, outcome) = self
+                    .to_upstream(req, client, Some((lease.role, lease.token)))
+                    .await;
+                // The work counts as running until its body has streamed.
+                return finish(resp, outcome, Some(Box::new(work)));
             }
             Settled::Answered(resp, outcome) => (resp, outcome),
         };
@@ -143,7 +146,7 @@ impl GatewayState {
             status = resp.status().as_u16(),
             "role route answered"
         );
-        finish(resp, outcome)
+        finish(resp, outcome, None)
     }
 
     async fn to_upstream(
@@ -248,7 +251,11 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
 }
 
 /// Counts the outcome and tracks the body while it streams.
-fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+fn finish(
+    resp: Response<Body>,
+    outcome: Outcome,
+    hold: Option<Box<dyn Send + Sync>>,
+) -> Response<Body> {
     let label = match outcome {
         Outcome::Local => "local",
         Outcome::Forwarded => "forwarded",
@@ -259,5 +266,5 @@ fn finish(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
     if resp.body().is_end_stream() {
         return resp;
     }
-    resp.map(TrackedBody::wrap)
+    resp.map(|body| TrackedBody::holding(body, hold))
 }

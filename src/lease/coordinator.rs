@@ -91,7 +91,7 @@ pub struct CoordinatorBuilder {
     name: Option<String>,
     address: String,
     roles: Vec<(String, LeaseTimings)>,
-    partitions: Vec<(String, u32, LeaseTimings)>,
+    partitions: Vec<PartitionReg>,
     hook: Option<IntervalHook>,
 }
 
@@ -126,9 +126,21 @@ impl CoordinatorBuilder {
         self
     }
 
-    /// Registers a partition of `count` roles named `{name}:partition-{i}`.
+    /// Registers a partition of `count` roles named `{name}:partition-{i}`,
+    /// balanced over the live candidates with the default rebalance delay
+    /// (2 × `renew_interval`).
     pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
-        self.partitions.push((name.into(), count, timings));
+        let delay = timings.renew_interval * 2;
+        self.partitions.push((name.into(), count, timings, Some(delay)));
+        self
+    }
+
+    /// Sets how a registered partition is balanced: `Some(rebalance_delay)`,
+    /// or `None` to leave its roles where they fall.
+    pub fn balance(mut self, partition: &str, balance: Option<Duration>) -> Self {
+        for p in self.partitions.iter_mut().filter(|p| p.0 == partition) {
+            p.3 = balance;
+        }
         self
     }
 
@@ -139,7 +151,9 @@ impl CoordinatorBuilder {
             self = self.role(r.name.as_str(), r.timings);
         }
         for p in partitions {
-            self = self.partition(p.name.as_str(), p.count, p.timings);
+            self = self
+                .partition(p.name.as_str(), p.count, p.timings)
+                .balance(p.name.as_str(), p.balance);
         }
         self
     }
@@ -167,11 +181,14 @@ impl CoordinatorBuilder {
     }
 }
 
+/// A partition as registered: name, count, timings, balance.
+type PartitionReg = (String, u32, LeaseTimings, Option<Duration>);
+
 /// Checks every name, timing and count once, and lays the roles out in
 /// order: declared roles first, then each partition's roles in a block.
 fn register(
     roles: Vec<(String, LeaseTimings)>,
-    partitions: Vec<(String, u32, LeaseTimings)>,
+    partitions: Vec<PartitionReg>,
 ) -> Result<Registry, CoordinatorError> {
     let mut registry = Registry {
         roles: Vec::new(),
@@ -198,7 +215,7 @@ fn register(
     for (name, timings) in roles {
         push(RoleName::new(&name)?, timings, &mut registry)?;
     }
-    for (name, count, timings) in partitions {
+    for (name, count, timings, balance) in partitions {
         RoleName::new(&name)?;
         if count == 0 || count > MAX_PARTITION_COUNT {
             return Err(CoordinatorError::PartitionCount(name, count));
@@ -207,7 +224,11 @@ fn register(
         for i in 0..count {
             push(RoleName::partition(&name, i)?, timings, &mut registry)?;
         }
-        let meta = PartitionMeta { count, first };
+        let meta = PartitionMeta {
+            count,
+            first,
+            balance,
+        };
         if registry.partitions.insert(name.clone(), meta).is_some() {
             return Err(CoordinatorError::DuplicateRole(name));
         }

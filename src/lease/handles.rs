@@ -23,6 +23,41 @@ pub struct HolderInfo {
     pub here: bool,
 }
 
+/// Local work running under a role, counted until dropped (see
+/// [`RoleLease::begin_local`]).
+pub struct LocalWork {
+    shared: Arc<LeaseState>,
+    idx: usize,
+}
+
+impl std::fmt::Debug for LocalWork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalWork").field("role", &self.idx).finish()
+    }
+}
+
+impl Drop for LocalWork {
+    fn drop(&mut self) {
+        self.shared.leave_local(self.idx);
+    }
+}
+
+fn begin_local(
+    shared: &Arc<LeaseState>,
+    idx: usize,
+    guard: impl FnOnce() -> Option<HeldLease>,
+) -> Option<(HeldLease, LocalWork)> {
+    if !shared.enter_local(idx) {
+        return None;
+    }
+    let work = LocalWork {
+        shared: shared.clone(),
+        idx,
+    };
+    // Dropping `work` on `None` ends the count again.
+    guard().map(|lease| (lease, work))
+}
+
 /// A registered role.
 #[derive(Clone)]
 pub struct RoleLease {
@@ -43,7 +78,7 @@ impl RoleLease {
 
     /// The held lease with its fencing token, if held here right now.
     pub fn guard(&self) -> Option<HeldLease> {
-        if self.shared.is_draining() {
+        if self.shared.is_draining() || self.shared.is_handing_over(self.idx) {
             return None;
         }
         // The guard is held while checking: a term that ends is only recorded
@@ -56,6 +91,14 @@ impl RoleLease {
             token: state.token,
             checked_at: now,
         })
+    }
+
+    /// Like [`guard`](Self::guard), and counts the work as running until the
+    /// returned [`LocalWork`] drops: a graceful handover of the role (partition
+    /// balancing) waits for it before releasing. The gateway and the layers
+    /// admit every local request this way.
+    pub fn begin_local(&self) -> Option<(HeldLease, LocalWork)> {
+        begin_local(&self.shared, self.idx, || self.guard())
     }
 
     /// Why this instance does not contend for roles, if it was withdrawn
@@ -132,9 +175,9 @@ impl RolePartition {
         let idx = self.first + index.min(self.count - 1) as usize;
         let snap = self.shared.snapshot();
         let state = &snap.roles[idx];
-        let draining = self.shared.is_draining();
+        let closed = self.shared.is_draining() || self.shared.is_handing_over(idx);
         let now = Instant::now();
-        let held = !draining && state.held_now(now);
+        let held = !closed && state.held_now(now);
         let holder = holder_of(&self.shared, state);
         PartitionResolution {
             role: state.name.clone(),
@@ -144,6 +187,12 @@ impl RolePartition {
             holder_address: holder.filter(|h| held || !h.here).map(|h| h.address),
             checked_at: now,
         }
+    }
+
+    /// [`RoleLease::begin_local`] for partition `index`: the held lease and
+    /// its work count, if held here and not being handed over.
+    pub fn begin_local(&self, index: u32) -> Option<(HeldLease, LocalWork)> {
+        self.role(index)?.begin_local()
     }
 
     /// The role handle of partition `index`.

@@ -7,6 +7,7 @@
 //! Files: `coordinator.rs` (builder and reader handles) and `heartbeat.rs`
 //! (the loop) share `state.rs`; neither imports the other's internals.
 
+mod balance;
 mod coordinator;
 mod handles;
 mod heartbeat;
@@ -18,7 +19,7 @@ mod timings;
 pub use coordinator::{
     Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, NotReady, OneShotLease,
 };
-pub use handles::{HolderInfo, RoleLease, RolePartition};
+pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
 pub use state::LeaseEvent;
@@ -44,6 +45,10 @@ pub struct PartitionSpec {
     pub count: u32,
     /// Timings of each of its roles.
     pub timings: LeaseTimings,
+    /// Spread its roles over the live candidates: `Some(rebalance_delay)`,
+    /// the time membership must be stable before surplus is handed over;
+    /// `None` leaves the roles where they fall (first come, first held).
+    pub balance: Option<std::time::Duration>,
 }
 
 /// Proof, at the moment it was taken, that this instance held `role` in the

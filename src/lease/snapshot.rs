@@ -20,6 +20,11 @@ pub struct RoleState {
     pub holder_valid_until: Option<Instant>,
     /// Set while this instance holds the role: `t_sent + duration - margin`.
     pub held_until: Option<Instant>,
+    /// The preferred holder (balanced partitions): the live candidate the
+    /// role should end up with.
+    pub preferred: Option<Arc<str>>,
+    /// This instance is handing the role over: it admits no new local work.
+    pub handing_over: bool,
 }
 
 impl RoleState {
@@ -43,6 +48,9 @@ impl RoleState {
 pub struct HolderSnapshot {
     /// Every role, in registration order.
     pub roles: Vec<RoleState>,
+    /// The live members as their presence records say (only kept when a
+    /// partition is balanced).
+    pub members: Vec<crate::store::Member>,
     /// When this snapshot was published.
     pub published_at: Instant,
     /// False until the store answered once and this snapshot came from it.

@@ -4,7 +4,7 @@
 //! written with `Release`, and a snapshot is published in one swap.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -92,6 +92,8 @@ pub(super) struct RoleMeta {
 pub(super) struct PartitionMeta {
     pub(super) count: u32,
     pub(super) first: usize,
+    /// `Some(rebalance_delay)` when the partition is balanced.
+    pub(super) balance: Option<Duration>,
 }
 
 /// Every registered role, in order, with lookups by name.
@@ -109,6 +111,10 @@ pub(super) struct LeaseState {
     registry: Registry,
     names: Vec<RoleName>,
     snapshot: ArcSwap<HolderSnapshot>,
+    /// Per role: a graceful handover began (no new local work).
+    handing_over: Vec<AtomicBool>,
+    /// Per role: local requests running under it.
+    in_flight: Vec<AtomicUsize>,
     draining: AtomicBool,
     candidate: AtomicBool,
     /// Why this instance does not contend, when it was withdrawn with a reason.
@@ -151,6 +157,7 @@ impl LeaseState {
                     ..RoleState::default()
                 })
                 .collect(),
+            members: Vec::new(),
             published_at: Instant::now(),
             loaded: false,
             store_ok: false,
@@ -163,6 +170,8 @@ impl LeaseState {
             instance,
             store,
             names: roles.iter().map(|r| r.name.clone()).collect(),
+            handing_over: roles.iter().map(|_| AtomicBool::new(false)).collect(),
+            in_flight: roles.iter().map(|_| AtomicUsize::new(0)).collect(),
             registry,
             snapshot: ArcSwap::from_pointee(initial),
             draining: AtomicBool::new(false),
@@ -210,6 +219,44 @@ impl LeaseState {
 
     pub(super) fn partition(&self, name: &str) -> Option<PartitionMeta> {
         self.registry.partitions.get(name).copied()
+    }
+
+    /// Every partition, by name.
+    pub(super) fn partitions(&self) -> impl Iterator<Item = (&String, &PartitionMeta)> {
+        self.registry.partitions.iter()
+    }
+
+    /// Starts or ends the graceful handover of role `i`.
+    pub(super) fn set_handing_over(&self, i: usize, on: bool) {
+        self.handing_over[i].store(on, Ordering::SeqCst);
+    }
+
+    /// Whether role `i` is being handed over (no new local work).
+    pub(super) fn is_handing_over(&self, i: usize) -> bool {
+        self.handing_over[i].load(Ordering::SeqCst)
+    }
+
+    /// Counts one local request under role `i`, unless its handover began.
+    /// The count goes up before the flag is read, and the handover sets the
+    /// flag before it reads the count (both `SeqCst`): a request either sees
+    /// the handover and stays out, or is seen by it and waited for.
+    pub(super) fn enter_local(&self, i: usize) -> bool {
+        self.in_flight[i].fetch_add(1, Ordering::SeqCst);
+        if self.is_handing_over(i) {
+            self.leave_local(i);
+            return false;
+        }
+        true
+    }
+
+    /// Ends one local request under role `i`.
+    pub(super) fn leave_local(&self, i: usize) {
+        self.in_flight[i].fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Local requests running under role `i`.
+    pub(super) fn in_flight(&self, i: usize) -> usize {
+        self.in_flight[i].load(Ordering::SeqCst)
     }
 
     /// The published snapshot; hold the guard while judging from it.

@@ -14,7 +14,7 @@ use super::hop::HopSigner;
 use super::keys::{KeyError, KeyExtractor};
 use super::problem::{Problem, Reason};
 use super::trust::{is_trusted, Cidr};
-use crate::lease::{HeldLease, RoleLease, RolePartition};
+use crate::lease::{HeldLease, LocalWork, RoleLease, RolePartition};
 
 /// What a route is gated by.
 #[derive(Clone)]
@@ -30,7 +30,7 @@ pub enum GateTarget {
 /// The outcome of the decision for one request.
 #[derive(Debug)]
 pub enum Decision {
-    Local(HeldLease),
+    Local(HeldLease, LocalWork),
     Forward { address: Arc<str>, role: Arc<str> },
     Reject(Problem),
 }
@@ -53,21 +53,16 @@ impl GateTarget {
 
     /// Decides from the local snapshot only; no I/O.
     pub fn decide(&self, uri: &Uri, headers: &HeaderMap, forwarded: bool) -> Decision {
-        let (role, held, holder, checked_at) = match self {
+        let (role, holder) = match self {
             GateTarget::Role(lease) => {
-                if let Some(guard) = lease.guard() {
-                    return Decision::Local(guard);
+                if let Some((held, work)) = lease.begin_local() {
+                    return Decision::Local(held, work);
                 }
                 let holder = lease
                     .current_holder()
                     .filter(|h| !h.here)
                     .map(|h| h.address);
-                (
-                    lease.name().clone(),
-                    None,
-                    holder,
-                    std::time::Instant::now(),
-                )
+                (lease.name().clone(), holder)
             }
             GateTarget::Partition {
                 partition,
@@ -82,17 +77,17 @@ impl GateTarget {
                     Some(s) => partition.resolve_scoped(s, &k),
                     None => partition.resolve(&k),
                 };
-                let held = r.token.filter(|_| r.held);
-                (r.role, held, r.holder_address, r.checked_at)
+                if r.held {
+                    if let Some((held, work)) = partition.begin_local(r.index) {
+                        return Decision::Local(held, work);
+                    }
+                    // A handover began since the look: no holder to name yet.
+                    (r.role, None)
+                } else {
+                    (r.role, r.holder_address)
+                }
             }
         };
-        if let Some(token) = held {
-            return Decision::Local(HeldLease {
-                role,
-                token,
-                checked_at,
-            });
-        }
         let problem = |reason, detail: String| {
             Decision::Reject(
                 Problem::new(reason, detail)
@@ -143,8 +138,9 @@ fn key_problem(partition: &RolePartition, key: &KeyExtractor, e: KeyError) -> Pr
 pub enum Settled {
     /// The response to send (forwarded answer, or a refusal).
     Answered(Response<Body>, Outcome),
-    /// Held here: run the request locally under this lease.
-    Local(Request<Body>, HeldLease),
+    /// Held here: run the request locally under this lease; the work
+    /// counts as running until `LocalWork` drops.
+    Local(Request<Body>, HeldLease, LocalWork),
 }
 
 /// Where a failed forward was going.
@@ -349,7 +345,7 @@ impl GateSettings {
         forwarded: bool,
     ) -> Settled {
         match target.decide(req.uri(), req.headers(), forwarded) {
-            Decision::Local(lease) => Settled::Local(req, lease),
+            Decision::Local(lease, work) => Settled::Local(req, lease, work),
             Decision::Forward { address, role } => {
                 let started = std::time::Instant::now();
                 let partition = target.partition_label();

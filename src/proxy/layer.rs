@@ -284,11 +284,14 @@ where
                 .get::<ConnectInfo<SocketAddr>>()
                 .map(|c| c.0);
             match gate.settings.settle(target, req, client, forwarded).await {
-                Settled::Local(mut req, lease) => {
+                Settled::Local(mut req, lease, work) => {
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     req.extensions_mut().insert::<HeldLease>(lease);
-                    inner.call(req).await
+                    // Counted until the inner service answers (a handover waits).
+                    let answer = inner.call(req).await;
+                    drop(work);
+                    answer
                 }
                 Settled::Answered(resp, _) => Ok(resp),
             }

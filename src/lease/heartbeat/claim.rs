@@ -93,7 +93,8 @@ impl HeartbeatLoop {
         let mut which = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
             let held_token = r.held.map(|h| h.token);
-            if held_token.is_some() || (!draining && r.next_attempt <= now) {
+            let free_turn = r.next_attempt <= now && self.may_take_free(i, now);
+            if held_token.is_some() || (!draining && free_turn) {
                 let meta = self.shared.role(i);
                 claims.push(Claim {
                     role: meta.name.clone(),
@@ -143,6 +144,8 @@ impl HeartbeatLoop {
                             published: false,
                         });
                         tracing::debug!(role = %meta.name, token, "acquired role");
+                        let last = self.roles[i].state.holder.clone();
+                        self.count_takeover(i, last.as_ref());
                         outcome.acquired.push((meta.name.clone(), token));
                     }
                 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::snapshot::{HolderSnapshot, RoleState};
+mod balance;
 mod claim;
 
 use super::state::{Counters, LeaseEvent, LeaseState};
@@ -42,6 +43,8 @@ struct LoopRole {
     state: RoleState,
     /// What the held gauge last said, so it is only set on change.
     gauge_held: Option<bool>,
+    /// Since when the store has shown the role without a live holder.
+    free_since: Option<Instant>,
 }
 
 pub(super) struct HeartbeatLoop {
@@ -58,6 +61,8 @@ pub(super) struct HeartbeatLoop {
     calls_this_tick: u64,
     published: u64,
     warnings: telemetry::WarnGate,
+    /// Partition balancing, when a partition has it on.
+    balance: Option<balance::Balancer>,
 }
 
 impl HeartbeatLoop {
@@ -73,9 +78,11 @@ impl HeartbeatLoop {
                     ..RoleState::default()
                 },
                 gauge_held: None,
+                free_since: None,
             })
             .collect();
         Self {
+            balance: balance::Balancer::new(&shared),
             shared,
             roles,
             ended: Vec::new(),
@@ -241,8 +248,10 @@ impl HeartbeatLoop {
         // Read first, so a role freed since the last tick (a notification woke
         // us) is claimed in this same tick.
         self.read_snapshot().await;
+        self.refresh_membership().await;
         if shared.is_candidate() {
             self.claim().await;
+            self.hand_over_step().await;
         } else {
             self.release_all().await;
         }
@@ -306,6 +315,11 @@ impl HeartbeatLoop {
             r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
             let live = rec.holder.is_some() && !rec.remaining.is_zero();
             r.state.holder_valid_until = live.then(|| t_recv + rec.remaining);
+            r.free_since = if live {
+                None
+            } else {
+                r.free_since.or(Some(t_recv))
+            };
             r.next_attempt = if live && !mine {
                 // Try again just after the observed expiry: crash takeover lands
                 // right after `duration` instead of a poll later.
@@ -345,15 +359,20 @@ impl HeartbeatLoop {
                 until: h.held_until,
             });
         }
+        let (members, preferred) = match &self.balance {
+            Some(b) => (b.members.clone(), Some(&b.preferred)),
+            None => (Vec::new(), None),
+        };
         let snapshot = HolderSnapshot {
-            roles: self
-                .roles
-                .iter()
-                .map(|r| RoleState {
+            roles: (self.roles.iter().enumerate())
+                .map(|(i, r)| RoleState {
                     held_until: r.held.map(|h| h.held_until),
+                    preferred: preferred.and_then(|p| p[i].clone()),
+                    handing_over: self.shared.is_handing_over(i),
                     ..r.state.clone()
                 })
                 .collect(),
+            members,
             published_at: now,
             loaded: self.loaded,
             store_ok: self.store_ok,
@@ -385,6 +404,7 @@ impl HeartbeatLoop {
             .last_ok_sent
             .is_some_and(|t| t.elapsed() < self.shared.op_timeout());
         metrics::gauge!(telemetry::READY).set(if self.loaded && fresh { 1.0 } else { 0.0 });
+        self.record_shares();
         self.published += 1;
         self.shared.announce(self.published);
     }
@@ -392,6 +412,14 @@ impl HeartbeatLoop {
     /// Ends local belief first (published), then releases in one store call
     /// every term this instance holds or that the store still shows as its own.
     async fn release_all(&mut self) {
+        if self.shared.is_stopping() && self.balance.is_some() {
+            // Leaving: the others rebalance at once, not at this record's expiry.
+            let shared = self.shared.clone();
+            let leave = shared.store().leave(shared.instance());
+            if let Ok(Err(e)) = tokio::time::timeout(shared.op_timeout(), leave).await {
+                tracing::debug!(error = %e, "removing the presence record failed");
+            }
+        }
         let mut held: Vec<(RoleName, u64)> = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
             let name = self.shared.role(i).name.clone();

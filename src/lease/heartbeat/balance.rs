@@ -1,0 +1,274 @@
+//! The balancing steps of a tick, for partitions with `balance` on: keep
+//! this instance's presence record fresh and read the live candidates;
+//! decide which free roles to claim at once (those this instance is
+//! preferred for) and which only after a renew interval; and hand surplus
+//! roles to their preferred holder gracefully, one at a time, once
+//! membership has been stable for the partition's `rebalance_delay`.
+//! Nothing is ever taken from a live holder: roles move only by release.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::HeartbeatLoop;
+use crate::lease::balance::assign;
+use crate::lease::state::Counters;
+use crate::store::Member;
+use crate::telemetry;
+
+/// One balanced partition: where its roles sit among all registered roles.
+struct Balanced {
+    name: Arc<str>,
+    first: usize,
+    count: usize,
+    rebalance_delay: Duration,
+}
+
+/// A surplus role on its way to its preferred holder.
+struct Handover {
+    idx: usize,
+    to: Arc<str>,
+    /// Release by then even if local work is still running (the drain bound).
+    until: Instant,
+    cause: &'static str,
+}
+
+/// What the loop knows about membership, and the handover in progress.
+pub(super) struct Balancer {
+    partitions: Vec<Balanced>,
+    /// The presence record's lifetime: the shortest duration among the roles.
+    ttl: Duration,
+    /// Every live member as last listed, candidates or not.
+    pub(super) members: Vec<Member>,
+    /// Sorted ids of the live candidates.
+    candidates: Vec<Arc<str>>,
+    /// The store answered a presence call at least once.
+    known: bool,
+    /// When the candidate set last changed, and whether it grew then.
+    since: Instant,
+    grew: bool,
+    /// Per registered role: its preferred holder (balanced roles only).
+    pub(super) preferred: Vec<Option<Arc<str>>>,
+    handover: Option<Handover>,
+}
+
+impl Balancer {
+    /// The balancer of a registry, or `None` when no partition is balanced.
+    pub(super) fn new(shared: &crate::lease::state::LeaseState) -> Option<Balancer> {
+        let mut partitions: Vec<Balanced> = shared
+            .partitions()
+            .filter_map(|(name, meta)| {
+                Some(Balanced {
+                    name: name.as_str().into(),
+                    first: meta.first,
+                    count: meta.count as usize,
+                    rebalance_delay: meta.balance?,
+                })
+            })
+            .collect();
+        if partitions.is_empty() {
+            return None;
+        }
+        partitions.sort_by_key(|p| p.first);
+        let ttl = partitions
+            .iter()
+            .flat_map(|p| p.first..p.first + p.count)
+            .map(|i| shared.role(i).timings.duration)
+            .min()
+            .unwrap_or(Duration::from_secs(15));
+        Some(Balancer {
+            partitions,
+            ttl,
+            members: Vec::new(),
+            candidates: Vec::new(),
+            known: false,
+            since: Instant::now(),
+            grew: false,
+            preferred: vec![None; shared.role_count()],
+            handover: None,
+        })
+    }
+
+    /// Whether role `i` belongs to a balanced partition.
+    fn balances(&self, i: usize) -> bool {
+        self.partitions
+            .iter()
+            .any(|p| (p.first..p.first + p.count).contains(&i))
+    }
+
+    /// Takes a new member list; recomputes preferences when the candidates changed.
+    fn update(&mut self, members: Vec<Member>, roles: &[Arc<str>], now: Instant) {
+        let mut candidates: Vec<Arc<str>> = members
+            .iter()
+            .filter(|m| m.candidate)
+            .map(|m| Arc::from(m.id.as_str()))
+            .collect();
+        candidates.sort();
+        self.members = members;
+        self.known = true;
+        if candidates == self.candidates && self.preferred.iter().any(Option::is_some) {
+            return;
+        }
+        self.grew = candidates.iter().any(|c| !self.candidates.contains(c));
+        self.since = now;
+        self.candidates = candidates;
+        let ids: Vec<&str> = self.candidates.iter().map(|c| &**c).collect();
+        for p in &self.partitions {
+            let names: Vec<&str> = roles[p.first..p.first + p.count]
+                .iter()
+                .map(|r| &**r)
+                .collect();
+            for (k, m) in assign(&names, &ids).into_iter().enumerate() {
+                self.preferred[p.first + k] = m.map(|m| self.candidates[m].clone());
+            }
+        }
+    }
+}
+
+impl HeartbeatLoop {
+    /// Writes this instance's presence and reads the live members (one
+    /// store call). A failure keeps the previous view: balancing only
+    /// decides who claims first, never whether a lease is trusted.
+    pub(super) async fn refresh_membership(&mut self) {
+        let Some(ttl) = self.balance.as_ref().map(|b| b.ttl) else {
+            return;
+        };
+        let shared = self.shared.clone();
+        self.calls_this_tick += 1;
+        let call = shared
+            .store()
+            .presence(shared.instance(), shared.is_candidate(), ttl);
+        let t_sent = Instant::now();
+        let result = tokio::time::timeout(shared.op_timeout(), call).await;
+        Self::record_latency("presence", t_sent);
+        let members = match result {
+            Ok(Ok(members)) => members,
+            Ok(Err(e)) => return tracing::debug!(error = %e, "presence call failed"),
+            Err(_) => return tracing::debug!("presence call timed out"),
+        };
+        let roles: Vec<Arc<str>> = self.roles.iter().map(|r| r.state.name.clone()).collect();
+        if let Some(b) = self.balance.as_mut() {
+            b.update(members, &roles, Instant::now());
+        }
+    }
+
+    /// Whether a free role `i` may be claimed now: at once by its preferred
+    /// holder (or when there is no preference), by anyone else once it has
+    /// been free for a renew interval, so balancing never leaves it unheld.
+    pub(super) fn may_take_free(&self, i: usize, now: Instant) -> bool {
+        let Some(b) = &self.balance else { return true };
+        if !b.known || !b.balances(i) {
+            return true;
+        }
+        match &b.preferred[i] {
+            None => true,
+            Some(p) if p == self.shared.instance_id() => true,
+            Some(_) => {
+                let wait = self.shared.role(i).timings.renew_interval;
+                self.roles[i]
+                    .free_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= wait)
+            }
+        }
+    }
+
+    /// One step of the graceful handover: finish the one in progress once
+    /// its local work is done (or its drain bound passed), else start one
+    /// for a held role preferred elsewhere, if membership has been stable.
+    pub(super) async fn hand_over_step(&mut self) {
+        let Some(b) = self.balance.as_mut() else {
+            return;
+        };
+        let now = Instant::now();
+        if let Some(h) = &b.handover {
+            let i = h.idx;
+            if self.roles[i].held.is_none() {
+                // Lost meanwhile (store outage, expiry): nothing to hand over.
+                self.shared.set_handing_over(i, false);
+                b.handover = None;
+            } else if self.shared.in_flight(i) == 0 || now >= h.until {
+                self.finish_handover().await;
+            }
+            return;
+        }
+        if !b.known || !self.shared.is_candidate() || self.shared.is_draining() {
+            return;
+        }
+        let me = self.shared.instance_id().clone();
+        let stable = |p: &Balanced| now.saturating_duration_since(b.since) >= p.rebalance_delay;
+        let surplus = b.partitions.iter().filter(|p| stable(p)).find_map(|p| {
+            (p.first..p.first + p.count).find_map(|i| {
+                let held = self.roles[i].held.is_some_and(|h| h.published);
+                let to = b.preferred[i].as_ref().filter(|to| **to != me)?;
+                held.then(|| (i, to.clone()))
+            })
+        });
+        let Some((i, to)) = surplus else { return };
+        // From now on no new local work is admitted under the role.
+        self.shared.set_handing_over(i, true);
+        let drain = self.shared.role(i).timings.renew_interval;
+        let cause = if b.grew { "join" } else { "surplus" };
+        tracing::debug!(role = %self.roles[i].state.name, to = %to, cause, "handing a role over to its preferred holder");
+        b.handover = Some(Handover {
+            idx: i,
+            to,
+            until: now + drain,
+            cause,
+        });
+    }
+
+    /// Releases the role being handed over; its preferred holder, woken by
+    /// the store's notification, takes it at once.
+    async fn finish_handover(&mut self) {
+        let Some(h) = self.balance.as_mut().and_then(|b| b.handover.take()) else {
+            return;
+        };
+        let i = h.idx;
+        let Some(term) = self.roles[i].held else {
+            self.shared.set_handing_over(i, false);
+            return;
+        };
+        let shared = self.shared.clone();
+        let name = shared.role(i).name.clone();
+        Counters::bump(&shared.counters().release_calls);
+        self.calls_this_tick += 1;
+        let held = [(name.clone(), term.token)];
+        let release = shared.store().release(shared.instance(), &held);
+        let result = tokio::time::timeout(shared.op_timeout(), release).await;
+        match result {
+            Ok(Ok(_)) => {
+                self.end_term(i);
+                // Not taken back at once: its preferred holder claims it now.
+                self.roles[i].free_since = Some(Instant::now());
+                metrics::counter!(telemetry::PARTITION_MOVES, "cause" => h.cause).increment(1);
+                tracing::info!(role = %name, to = %h.to, cause = h.cause, "handed role over");
+            }
+            Ok(Err(e)) => self.store_failed("release", &e),
+            Err(_) => self.store_failed_msg("release", "timed out"),
+        }
+        self.shared.set_handing_over(i, false);
+    }
+
+    /// Counts a role taken because its last holder left the membership.
+    pub(super) fn count_takeover(&self, i: usize, last_holder: Option<&Arc<str>>) {
+        let Some(b) = &self.balance else { return };
+        let gone = last_holder.is_some_and(|h| {
+            h != self.shared.instance_id() && !b.candidates.iter().any(|c| c == h)
+        });
+        if b.balances(i) && gone {
+            metrics::counter!(telemetry::PARTITION_MOVES, "cause" => "leave").increment(1);
+        }
+    }
+
+    /// Held roles of each balanced partition, for the gauge.
+    pub(super) fn record_shares(&self) {
+        let Some(b) = &self.balance else { return };
+        for p in &b.partitions {
+            let held = (p.first..p.first + p.count)
+                .filter(|&i| self.roles[i].held.is_some())
+                .count();
+            let partition = p.name.to_string();
+            metrics::gauge!(telemetry::PARTITION_ROLES_HELD, "partition" => partition)
+                .set(held as f64);
+        }
+    }
+}
