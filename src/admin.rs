@@ -17,7 +17,28 @@ use crate::lease::Coordinator;
 #[derive(Serialize)]
 pub struct LeasesView {
     pub instance: InstanceView,
+    /// Live members as their presence records say (balanced partitions only).
+    pub members: Vec<MemberView>,
+    pub partitions: Vec<PartitionView>,
     pub roles: Vec<RoleView>,
+}
+
+#[derive(Serialize)]
+pub struct MemberView {
+    pub id: String,
+    pub address: String,
+    pub candidate: bool,
+}
+
+/// One partition: how many of its roles this instance holds, and the fair
+/// share bounds ⌊N/C⌋..⌈N/C⌉ over the live candidates when balanced.
+#[derive(Serialize)]
+pub struct PartitionView {
+    pub name: String,
+    pub count: u32,
+    pub balanced: bool,
+    pub held_here: usize,
+    pub share: Option<[usize; 2]>,
 }
 
 #[derive(Serialize)]
@@ -41,6 +62,10 @@ pub struct RoleView {
     pub holder: Option<String>,
     pub holder_address: Option<String>,
     pub valid_for_ms: u64,
+    /// The live candidate the role should end up with (balanced partitions).
+    pub preferred: Option<String>,
+    /// This instance is handing the role over to its preferred holder.
+    pub handing_over: bool,
 }
 
 /// The `/leases` document (SPEC 7).
@@ -58,6 +83,16 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
             ready: c.is_ready(),
             draining,
         },
+        members: snap
+            .members
+            .iter()
+            .map(|m| MemberView {
+                id: m.id.clone(),
+                address: m.address.clone(),
+                candidate: m.candidate,
+            })
+            .collect(),
+        partitions: partition_views(c, &snap, now),
         roles: snap
             .roles
             .iter()
@@ -80,6 +115,8 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
                     }
                 };
                 RoleView {
+                    preferred: r.preferred.as_deref().map(str::to_string),
+                    handing_over: r.handing_over,
                     role: r.name.to_string(),
                     held_here,
                     token: r.token,
@@ -90,6 +127,35 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
             })
             .collect(),
     }
+}
+
+fn partition_views(
+    c: &Coordinator,
+    snap: &crate::lease::HolderSnapshot,
+    now: Instant,
+) -> Vec<PartitionView> {
+    let candidates = snap.members.iter().filter(|m| m.candidate).count();
+    c.partitions()
+        .iter()
+        .map(|p| {
+            let first = p.first_index();
+            let count = p.count() as usize;
+            let held_here = snap.roles[first..first + count]
+                .iter()
+                .filter(|r| r.held_now(now))
+                .count();
+            let balanced = p.is_balanced();
+            let share = (balanced && candidates > 0)
+                .then(|| [count / candidates, count.div_ceil(candidates)]);
+            PartitionView {
+                name: p.name().to_string(),
+                count: p.count(),
+                balanced,
+                held_here,
+                share,
+            }
+        })
+        .collect()
 }
 
 #[derive(Clone)]
@@ -168,7 +234,7 @@ async fn status_page(State(c): State<Coordinator>) -> Html<String> {
     let mut rows = String::new();
     for r in &v.roles {
         rows.push_str(&format!(
-            "<tr class=\"{cls}\"><td>{role}</td><td>{here}</td><td>{holder}</td><td>{addr}</td><td>{token}</td><td>{left}</td></tr>\n",
+            "<tr class=\"{cls}\"><td>{role}</td><td>{here}</td><td>{holder}</td><td>{addr}</td><td>{token}</td><td>{left}</td><td>{pref}</td></tr>\n",
             cls = if r.held_here { "here" } else if r.holder.is_some() { "other" } else { "none" },
             role = escape(&r.role),
             here = if r.held_here { "yes" } else { "" },
@@ -176,6 +242,11 @@ async fn status_page(State(c): State<Coordinator>) -> Html<String> {
             addr = escape(r.holder_address.as_deref().unwrap_or("—")),
             token = r.token,
             left = if r.valid_for_ms > 0 { format!("{:.1} s", r.valid_for_ms as f64 / 1000.0) } else { "—".into() },
+            pref = match (&r.preferred, r.handing_over) {
+                (Some(p), true) => format!("{} (handing over)", escape(p)),
+                (Some(p), false) => escape(p),
+                (None, _) => "—".into(),
+            },
         ));
     }
     let held = v.roles.iter().filter(|r| r.held_here).count();
@@ -194,7 +265,7 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
 </style></head><body>
 <h1>rolegate</h1>
 <div class="meta">instance <b>{id}</b> · {addr} · store {store} · {ready} · candidate: {cand}{drain} · holds {held} of {total} roles</div>
-<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th></tr></thead>
+{spread}<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th><th>preferred</th></tr></thead>
 <tbody>
 {rows}</tbody></table>
 </body></html>
@@ -218,7 +289,45 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
             ""
         },
         total = v.roles.len(),
+        spread = spread_html(&v),
     ))
+}
+
+/// Live members and each partition's share, above the role table.
+fn spread_html(v: &LeasesView) -> String {
+    let mut out = String::new();
+    if !v.members.is_empty() {
+        let members: Vec<String> = v
+            .members
+            .iter()
+            .map(|m| {
+                let cand = if m.candidate {
+                    ""
+                } else {
+                    " (not a candidate)"
+                };
+                format!("{}{cand}", escape(&m.id))
+            })
+            .collect();
+        out.push_str(&format!(
+            "<div class=\"meta\">members: {}</div>\n",
+            members.join(", ")
+        ));
+    }
+    for p in &v.partitions {
+        let share = match p.share {
+            Some([lo, hi]) => format!(" (fair share {lo}..{hi})"),
+            None if p.balanced => String::new(),
+            None => " (not balanced)".into(),
+        };
+        out.push_str(&format!(
+            "<div class=\"meta\">partition <b>{}</b>: {} of {} held here{share}</div>\n",
+            escape(&p.name),
+            p.held_here,
+            p.count
+        ));
+    }
+    out
 }
 
 /// Admin connections served at once; more wait in the backlog.

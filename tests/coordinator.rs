@@ -338,7 +338,13 @@ fn shares(cs: &[Coordinator]) -> Vec<usize> {
     let now = Instant::now();
     let mut out: Vec<usize> = cs
         .iter()
-        .map(|c| c.snapshot().roles.iter().filter(|r| r.held_now(now)).count())
+        .map(|c| {
+            c.snapshot()
+                .roles
+                .iter()
+                .filter(|r| r.held_now(now))
+                .count()
+        })
         .collect();
     out.sort();
     out

@@ -308,6 +308,59 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
     .await;
 }
 
+/// Two gateways split a balanced partition 4/4, and every view shows it:
+/// `/leases` (members, share, preferred holders), the status page, the
+/// metric and `rolegate status`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_balanced_partition_spreads_over_the_gateways_and_every_view_shows_it() {
+    let spec = ClusterSpec::postgres("op_spread");
+    let (_apps, gws) = two_gateways(&spec).await;
+    support::wait_for_async("devices split 4/4", Duration::from_secs(10), || async {
+        let mut held = Vec::new();
+        for g in &gws {
+            held.push(g.leases().await["partitions"][0]["held_here"].as_u64());
+        }
+        held == [Some(4), Some(4)]
+    })
+    .await;
+    let v = gws[0].leases().await;
+    let id0 = v["instance"]["id"].as_str().unwrap().to_string();
+    assert_eq!(v["members"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(
+        v["partitions"][0]["share"],
+        serde_json::json!([4, 4]),
+        "{v}"
+    );
+    for r in v["roles"].as_array().unwrap() {
+        if r["role"].as_str().unwrap().starts_with("devices:") {
+            // Settled: every role sits with its preferred holder.
+            assert_eq!(r["preferred"] == id0, r["held_here"] == true, "{r}");
+        }
+    }
+    let (_, _, page) = cluster::get(&format!("{}/", gws[0].admin_url()))
+        .await
+        .unwrap();
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.contains("4 of 8 held here (fair share 4..4)"),
+        "{page}"
+    );
+    let m = metrics(&gws[0]).await;
+    let held = r#"rolegate_partition_roles_held{partition="devices"}"#;
+    assert_eq!(m.get(held).copied(), Some(4.0));
+    let out = std::process::Command::new(cluster::bin())
+        .args(["status", "--config"])
+        .arg(gws[0].config_path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("partition devices (8 roles, balanced): "),
+        "{text}"
+    );
+    assert!(text.contains(&format!("{id0} 4")), "{text}");
+}
+
 /// A role released for bad health says so: in the 503, on `/leases`, on the
 /// status page and in a metric.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -102,8 +102,29 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
         println!("{}", serde_json::Value::Array(rows));
     } else {
         print_table(&records);
+        print_spread(&config, &records);
     }
     ExitCode::SUCCESS
+}
+
+/// Per partition, how many of its roles each live holder has.
+fn print_spread(config: &crate::config::Config, records: &[LeaseRecord]) {
+    for p in &config.partitions {
+        let prefix = format!("{}:partition-", p.name);
+        let mut by_holder: std::collections::BTreeMap<&str, usize> = Default::default();
+        for r in records.iter().filter(|r| r.role.starts_with(&prefix)) {
+            let live = r.holder.as_deref().filter(|_| !r.remaining.is_zero());
+            *by_holder.entry(live.unwrap_or("(no holder)")).or_default() += 1;
+        }
+        let spread: Vec<String> = by_holder.iter().map(|(h, n)| format!("{h} {n}")).collect();
+        println!(
+            "partition {} ({} roles{}): {}",
+            p.name,
+            p.count,
+            if p.balance { ", balanced" } else { "" },
+            spread.join(", ")
+        );
+    }
 }
 
 /// The lease table as aligned columns.

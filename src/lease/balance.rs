@@ -50,8 +50,9 @@ pub(super) fn assign(roles: &[&str], members: &[&str]) -> Vec<Option<usize>> {
     out
 }
 
-/// The fair share bounds ⌊N/C⌋ and ⌈N/C⌉.
-pub(super) fn share(roles: usize, members: usize) -> (usize, usize) {
+/// The fair share bounds ⌊N/C⌋ and ⌈N/C⌉ (no bound without candidates).
+#[cfg(test)]
+fn share(roles: usize, members: usize) -> (usize, usize) {
     if members == 0 {
         return (0, roles);
     }

@@ -131,7 +131,8 @@ impl CoordinatorBuilder {
     /// (2 × `renew_interval`).
     pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
         let delay = timings.renew_interval * 2;
-        self.partitions.push((name.into(), count, timings, Some(delay)));
+        self.partitions
+            .push((name.into(), count, timings, Some(delay)));
         self
     }
 
@@ -293,6 +294,20 @@ impl Coordinator {
             count: meta.count,
             first: meta.first,
         })
+    }
+
+    /// Every registered partition, in registration order.
+    pub fn partitions(&self) -> Vec<RolePartition> {
+        let mut names: Vec<(usize, &String)> = self
+            .shared
+            .partitions()
+            .map(|(name, meta)| (meta.first, name))
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .filter_map(|(_, name)| self.partition(name))
+            .collect()
     }
 
     /// Every registered role name, partition roles included, in order.

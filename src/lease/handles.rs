@@ -32,7 +32,9 @@ pub struct LocalWork {
 
 impl std::fmt::Debug for LocalWork {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LocalWork").field("role", &self.idx).finish()
+        f.debug_struct("LocalWork")
+            .field("role", &self.idx)
+            .finish()
     }
 }
 
@@ -193,6 +195,19 @@ impl RolePartition {
     /// its work count, if held here and not being handed over.
     pub fn begin_local(&self, index: u32) -> Option<(HeldLease, LocalWork)> {
         self.role(index)?.begin_local()
+    }
+
+    /// Whether the partition's roles are spread over the live candidates.
+    pub fn is_balanced(&self) -> bool {
+        self.shared
+            .partition(&self.name)
+            .is_some_and(|p| p.balance.is_some())
+    }
+
+    /// Index of partition role 0 among all registered roles (as in
+    /// [`HolderSnapshot::roles`](super::HolderSnapshot::roles)).
+    pub fn first_index(&self) -> usize {
+        self.first
     }
 
     /// The role handle of partition `index`.
