@@ -12,3 +12,6 @@
 -- A read-only monitoring role needs SELECT only.
 
 GRANT SELECT, INSERT, UPDATE ON rolegate_role_leases TO rolegate_app;
+-- Presence records (partition balancing): upserted every heartbeat, deleted
+-- on a graceful stop, pruned an hour after they expired.
+GRANT SELECT, INSERT, UPDATE, DELETE ON rolegate_role_leases_members TO rolegate_app;
