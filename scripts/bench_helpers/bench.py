@@ -1066,11 +1066,25 @@ class Bench:
         with open(out) as f:
             self.results["sections"]["work"] = json.load(f)
 
+    def section_balance(self):
+        """Partition balance on PostgreSQL: time to balance after a join, and
+        the gap per graceful move (benches/balance.rs)."""
+        pg = self.start_pg()
+        out = os.path.join(self.workdir, "balance.json")
+        cmd = ["cargo", "bench", "--quiet", "--bench", "balance", "--", "--pg", pg["url"], "--json", out]
+        if self.quick:
+            cmd.append("--quick")
+        log("running " + " ".join(cmd[:5]))
+        subprocess.run(cmd, check=True, cwd=ROOT)
+        with open(out) as f:
+            self.results["sections"]["balance"] = json.load(f)
+
     def run(self):
         t_all = time.monotonic()
         sections = [("request_path", self.section_request_path), ("sse", self.section_sse),
                     ("handover", self.section_handover), ("store", self.section_store),
-                    ("footprint", self.section_footprint), ("work", self.section_work)]
+                    ("footprint", self.section_footprint), ("work", self.section_work),
+                    ("balance", self.section_balance)]
         only = set(self.a.only.split(",")) if self.a.only else None
         for name, fn in sections:
             if only and name not in only:
@@ -1151,7 +1165,7 @@ def main():
     ap.add_argument("--openloop", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work")
+    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--rate", type=float, default=None, help="fixed rate for section 1 (default: 40%% of the slowest)")
     ap.add_argument("--streams", type=int, default=None)
@@ -1200,8 +1214,12 @@ def main():
         with open(report.WORK_FILE, "w") as f:
             f.write(report.render_work(b.results["sections"]["work"], args))
         log("wrote %s" % report.WORK_FILE)
-    if set((args.only or "").split(",")) == {"work"}:
-        log("--only work: %s left as it is" % args.out)
+    if "balance" in b.results["sections"] and "error" not in b.results["sections"]["balance"]:
+        with open(report.BALANCE_FILE, "w") as f:
+            f.write(report.render_balance(b.results["sections"]["balance"], args))
+        log("wrote %s" % report.BALANCE_FILE)
+    if set((args.only or "").split(",")) <= {"work", "balance"}:
+        log("--only %s: %s left as it is" % (args.only, args.out))
     else:
         text = report.render(b.results, args)
         with open(args.out, "w") as f:

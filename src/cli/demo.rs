@@ -122,7 +122,7 @@ roles:
   - name: maintenance
 partitions:
   - name: devices
-    count: 4
+    count: 6
 routes:
   - prefixes: [/maintenance]
     role: maintenance
@@ -344,6 +344,14 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
     println!(
         "  curl -N http://127.0.0.1:{}/maintenance/events",
         g(2).public
+    );
+    println!();
+    println!("Partitions spread: the 6 `devices` roles settle 2/2/2 over the gateways within a few");
+    println!("seconds (each status page shows its share, the members and each role's preferred");
+    println!("holder). Different keys land on different apps:");
+    println!(
+        "  for d in a b c d e f; do curl -s http://127.0.0.1:{}/devices/$d/status; done",
+        g(0).public
     );
     println!();
     println!("Watch failover: gw-1 holds `maintenance`. Kill its gateway:");

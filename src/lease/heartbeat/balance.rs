@@ -214,6 +214,11 @@ impl HeartbeatLoop {
             until: now + drain,
             cause,
         });
+        // The flag is set before the count is read: with no local work
+        // running now, none can start, and the role goes in this same tick.
+        if self.shared.in_flight(i) == 0 {
+            self.finish_handover().await;
+        }
     }
 
     /// Releases the role being handed over; its preferred holder, woken by
