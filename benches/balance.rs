@@ -40,7 +40,13 @@ fn shares(cs: &[Coordinator]) -> Vec<usize> {
     let now = Instant::now();
     let mut out: Vec<usize> = cs
         .iter()
-        .map(|c| c.snapshot().roles.iter().filter(|r| r.held_now(now)).count())
+        .map(|c| {
+            c.snapshot()
+                .roles
+                .iter()
+                .filter(|r| r.held_now(now))
+                .count()
+        })
         .collect();
     out.sort();
     out
@@ -72,8 +78,9 @@ async fn one_run(store: &Arc<dyn LeaseStore>, round: u32) -> Run {
     }
     // Let the two settle, then the third joins.
     tokio::time::sleep(timings().renew_interval * 3).await;
-    let mut owner: HashMap<u32, Option<usize>> =
-        (0..ROLES).map(|i| (i, admitting(&cs, &partition, i))).collect();
+    let mut owner: HashMap<u32, Option<usize>> = (0..ROLES)
+        .map(|i| (i, admitting(&cs, &partition, i)))
+        .collect();
     let mut gap_start: HashMap<u32, Instant> = HashMap::new();
     let mut gaps_ms = Vec::new();
     cs.push(member(store, &partition, 3));

@@ -346,7 +346,9 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
         g(2).public
     );
     println!();
-    println!("Partitions spread: the 6 `devices` roles settle 2/2/2 over the gateways within a few");
+    println!(
+        "Partitions spread: the 6 `devices` roles settle 2/2/2 over the gateways within a few"
+    );
     println!("seconds (each status page shows its share, the members and each role's preferred");
     println!("holder). Different keys land on different apps:");
     println!(

@@ -14,6 +14,8 @@ use crate::support::intervals::{self, Held, Overlaps};
 #[derive(Debug, Default)]
 pub struct Report {
     pub transitions: usize,
+    /// Held intervals of partition roles (balanced): moves, failovers included.
+    pub partition_terms: usize,
     pub overlaps: Vec<String>,
     pub token_regressions: Vec<String>,
     pub admissions: usize,
@@ -138,8 +140,13 @@ pub fn check(
 ) -> Report {
     let (intervals, admits) = read_events(event_files);
     let verdict = intervals::check(&intervals, Overlaps::AcrossInstances);
+    let partition_terms = intervals
+        .iter()
+        .filter(|i| i.role.contains(":partition-"))
+        .count();
     let mut r = Report {
         transitions: verdict.terms,
+        partition_terms,
         overlaps: verdict.overlaps,
         token_regressions: verdict.token_regressions,
         ..Report::default()
@@ -282,6 +289,10 @@ pub fn render(r: &Report, secs: u64) -> String {
     out.push_str(&format!(
         "| role transitions (held intervals) | {} |\n",
         r.transitions
+    ));
+    out.push_str(&format!(
+        "| of which partition roles (balanced: handovers and failovers) | {} |\n",
+        r.partition_terms
     ));
     out.push_str(&format!(
         "| requests sent | {} (2xx {}, 503 {}, 400 {}, cut by a fault at their own gateway {}) |\n",
