@@ -260,12 +260,19 @@ async fn migrate_and_status_work_against_postgres() {
     let o = rolegate(&["status", "--config", s(&p)]);
     assert_eq!(code(&o), 0, "{}", stderr(&o));
     let table = stdout(&o);
-    let lines: Vec<&str> = table.lines().collect();
+    // The table, then one spread line per partition.
+    let (lines, spread): (Vec<&str>, Vec<&str>) =
+        table.lines().partition(|l| !l.starts_with("partition "));
     assert!(
         lines[0].starts_with("ROLE") && lines[0].contains("HOLDER") && lines[0].contains("TOKEN"),
         "{table}"
     );
     assert_eq!(lines.len(), 4, "header + 3 roles: {table}");
+    let want = format!(
+        "partition devices (2 roles, balanced): {} 2",
+        c.instance_id()
+    );
+    assert_eq!(spread, [want.as_str()], "{table}");
     let row = lines.iter().find(|l| l.starts_with("maintenance")).unwrap();
     assert!(row.contains(c.instance_id()), "{table}");
     // Columns are aligned: every line has the HOLDER column at the same offset.

@@ -41,7 +41,7 @@ fn check_config(text: &str, env: &Env) -> Output {
     Command::new(env!("CARGO_BIN_EXE_rolegate"))
         .env_clear()
         .envs(env)
-        .arg("check-config")
+        .args(["check-config", "--print"])
         .arg("--config")
         .arg(file.path())
         .output()

@@ -313,7 +313,10 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
 /// metric and `rolegate status`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_balanced_partition_spreads_over_the_gateways_and_every_view_shows_it() {
-    let spec = ClusterSpec::postgres("op_spread");
+    let spec = ClusterSpec {
+        balance: true,
+        ..ClusterSpec::postgres("op_spread")
+    };
     let (_apps, gws) = two_gateways(&spec).await;
     support::wait_for_async("devices split 4/4", Duration::from_secs(10), || async {
         let mut held = Vec::new();

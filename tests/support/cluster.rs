@@ -360,6 +360,9 @@ pub struct ClusterSpec {
     pub wait_ready: bool,
     /// Arguments to the shell's `ulimit` before the gateway starts (`-S -n 256`).
     pub ulimit: Option<String>,
+    /// Spread the `devices` partition over the gateways. Off by default, so
+    /// a test that picks a key by its holder sees that holder stay put.
+    pub balance: bool,
 }
 
 impl ClusterSpec {
@@ -378,6 +381,7 @@ impl ClusterSpec {
             upstream_yaml: String::new(),
             wait_ready: true,
             ulimit: None,
+            balance: false,
         }
     }
 
@@ -402,6 +406,7 @@ impl ClusterSpec {
             upstream_yaml: String::new(),
             wait_ready: true,
             ulimit: None,
+            balance: false,
         }
     }
 
@@ -475,7 +480,12 @@ impl GatewayProcess {
         admin_port: u16,
         advertise: &str,
     ) -> GatewayProcess {
-        Self::start_configured(n, spec, app_port, port, admin_port, advertise, ROUTES_YAML).await
+        let routes = if spec.balance {
+            ROUTES_YAML.to_string()
+        } else {
+            ROUTES_YAML.replace("    count: 8\n", "    count: 8\n    balance: false\n")
+        };
+        Self::start_configured(n, spec, app_port, port, admin_port, advertise, &routes).await
     }
 
     /// Starts `rolegate run` in front of whatever app listens on `app_port`
