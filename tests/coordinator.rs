@@ -359,8 +359,9 @@ async fn settles(cs: &[Coordinator], want: &[usize], bound: Duration, what: &str
         }
         assert!(
             start.elapsed() < bound,
-            "{what}: shares {:?}, want {want:?} within {bound:?}",
-            shares(cs)
+            "{what}: shares {:?}, want {want:?} within {bound:?}; stats {:?}",
+            shares(cs),
+            cs.iter().map(|c| c.stats()).collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -761,4 +762,70 @@ async fn ready_returns_once_the_first_tick_took_the_free_roles() {
         "a free role is held as soon as ready() returns"
     );
     c.shutdown().await;
+}
+
+/// A PostgreSQL store of its own on `table`, as each gateway has (one pool
+/// per process).
+async fn own_pg(table: &str) -> Arc<dyn LeaseStore> {
+    let s = rolegate::store::PostgresStore::connect(&support::postgres_url(), table)
+        .await
+        .unwrap();
+    s.migrate().await.unwrap();
+    Arc::new(s)
+}
+
+/// Terms begun so far across the partition's roles (each move begins one).
+fn terms(cs: &[Coordinator]) -> u64 {
+    tokens(cs).iter().sum()
+}
+
+/// A rolling restart of C instances moves O(N) roles in total (each restart
+/// moves about N/C away and back), not O(N·C).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_moves_o_n_roles_not_o_n_times_c() {
+    let table = support::unique_table("roll");
+    let (t, n) = (TIMINGS, 24);
+    let p = support::unique_table("roll");
+    let bound = t.renew_interval * 16 + Duration::from_secs(3);
+    let mut cs = Vec::new();
+    for _ in 0..4 {
+        cs.push(member(&own_pg(&table).await, &p, n, t));
+    }
+    settles(&cs, &[6, 6, 6, 6], bound, "four members").await;
+    let before = terms(&cs);
+    for k in 0..4 {
+        cs.remove(0).shutdown().await;
+        settles(&cs, &[8, 8, 8], bound, &format!("restart {k}: stopped")).await;
+        cs.push(member(&own_pg(&table).await, &p, n, t));
+        settles(&cs, &[6, 6, 6, 6], bound, &format!("restart {k}: back")).await;
+    }
+    let moves = terms(&cs) - before;
+    eprintln!("rolling restart of 4 instances, {n} roles: {moves} moves");
+    assert!(
+        moves <= 3 * u64::from(n),
+        "{moves} moves for a rolling restart of 4 over {n} roles: a reshuffle, not O(N)"
+    );
+    for c in cs {
+        c.shutdown().await;
+    }
+}
+
+/// Settled, a balanced cluster makes no move for a whole minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_balanced_cluster_makes_no_moves_for_a_minute() {
+    let table = support::unique_table("steady");
+    let p = support::unique_table("steady");
+    let mut cs = Vec::new();
+    for _ in 0..3 {
+        cs.push(member(&own_pg(&table).await, &p, 12, TIMINGS));
+    }
+    settles(&cs, &[4, 4, 4], Duration::from_secs(10), "three members").await;
+    tokio::time::sleep(TIMINGS.renew_interval * 4).await;
+    let before = tokens(&cs);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(tokens(&cs), before, "no term changed in a steady minute");
+    assert_eq!(shares(&cs), vec![4, 4, 4]);
+    for c in cs {
+        c.shutdown().await;
+    }
 }
