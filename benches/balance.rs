@@ -37,17 +37,7 @@ fn member(store: &Arc<dyn LeaseStore>, partition: &str, port: u16) -> Coordinato
 }
 
 fn shares(cs: &[Coordinator]) -> Vec<usize> {
-    let now = Instant::now();
-    let mut out: Vec<usize> = cs
-        .iter()
-        .map(|c| {
-            c.snapshot()
-                .roles
-                .iter()
-                .filter(|r| r.held_now(now))
-                .count()
-        })
-        .collect();
+    let mut out: Vec<usize> = cs.iter().map(|c| c.partitions()[0].held_here()).collect();
     out.sort();
     out
 }

@@ -92,7 +92,7 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
                 candidate: m.candidate,
             })
             .collect(),
-        partitions: partition_views(c, &snap, now),
+        partitions: partition_views(c, &snap),
         roles: snap
             .roles
             .iter()
@@ -129,21 +129,13 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
     }
 }
 
-fn partition_views(
-    c: &Coordinator,
-    snap: &crate::lease::HolderSnapshot,
-    now: Instant,
-) -> Vec<PartitionView> {
+fn partition_views(c: &Coordinator, snap: &crate::lease::HolderSnapshot) -> Vec<PartitionView> {
     let candidates = snap.members.iter().filter(|m| m.candidate).count();
     c.partitions()
         .iter()
         .map(|p| {
-            let first = p.first_index();
             let count = p.count() as usize;
-            let held_here = snap.roles[first..first + count]
-                .iter()
-                .filter(|r| r.held_now(now))
-                .count();
+            let held_here = p.held_here();
             let balanced = p.is_balanced();
             let share = (balanced && candidates > 0)
                 .then(|| [count / candidates, count.div_ceil(candidates)]);
@@ -346,24 +338,10 @@ pub async fn serve(
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let mut accept_errors = crate::listener::AcceptBackoff::default();
     loop {
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s,
-            _ = stop.recv() => return,
-        };
-        let Ok(slot) = slot else { return };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.recv() => return,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => {
-                accept_errors.reset();
-                stream
-            }
-            Err(e) => {
-                accept_errors.failed(&e).await;
-                continue;
-            }
+        let next =
+            crate::listener::next_connection(&listener, &slots, &mut accept_errors, &mut stop);
+        let Some((stream, _, slot)) = next.await else {
+            return;
         };
         let service = hyper_util::service::TowerToHyperService::new(app.clone());
         let mut stop = stop.clone();

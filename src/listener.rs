@@ -1,8 +1,46 @@
 //! What both listeners (public and admin) share: head limits and the header
 //! read timeout, accept-error backoff with a rate-limited log, the
-//! open-files limit and the connection cap that fits it, and the stop flag.
+//! open-files limit and the connection cap that fits it, and the accept
+//! step both loops run.
 
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::shutdown::Shutdown;
+
+/// The next connection, with the connection slot it holds: a slot is taken
+/// first (at the cap, connections wait in the kernel's backlog and file
+/// descriptors stay free), accept errors back off and are retried, never
+/// fatal. `None` once `stop` fires.
+pub(crate) async fn next_connection(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    backoff: &mut AcceptBackoff,
+    stop: &mut Shutdown,
+) -> Option<(TcpStream, SocketAddr, OwnedSemaphorePermit)> {
+    loop {
+        let slot = tokio::select! {
+            s = slots.clone().acquire_owned() => s.ok()?,
+            _ = stop.recv() => return None,
+        };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stop.recv() => return None,
+        };
+        match accepted {
+            Ok((stream, client)) => {
+                backoff.reset();
+                return Some((stream, client, slot));
+            }
+            // Out of file descriptors and the like: back off, never exit.
+            Err(e) => backoff.failed(&e).await,
+        }
+    }
+}
 
 /// Largest request head (request line + headers) accepted; larger gets 431.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;

@@ -335,17 +335,7 @@ fn member(store: &Arc<dyn LeaseStore>, partition: &str, n: u32, t: LeaseTimings)
 
 /// Roles of the partition each live coordinator holds now, sorted.
 fn shares(cs: &[Coordinator]) -> Vec<usize> {
-    let now = Instant::now();
-    let mut out: Vec<usize> = cs
-        .iter()
-        .map(|c| {
-            c.snapshot()
-                .roles
-                .iter()
-                .filter(|r| r.held_now(now))
-                .count()
-        })
-        .collect();
+    let mut out: Vec<usize> = cs.iter().map(|c| c.partitions()[0].held_here()).collect();
     out.sort();
     out
 }

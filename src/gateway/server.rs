@@ -13,7 +13,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
 use super::handler::GatewayState;
-use crate::listener::{AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::listener::{
+    next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
+};
 use crate::proxy::idle::{Progress, ProgressIo};
 use crate::shutdown::{self, Shutdown, ShutdownTrigger};
 
@@ -97,27 +99,9 @@ pub(crate) async fn serve(
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
     loop {
-        // Take a slot first: at the cap, connections wait in the kernel's
-        // backlog and file descriptors stay free for the admin listener.
-        let slot = tokio::select! {
-            s = slots.clone().acquire_owned() => s,
-            _ = stop.recv() => return,
-        };
-        let Ok(slot) = slot else { return };
-        let accepted = tokio::select! {
-            a = listener.accept() => a,
-            _ = stop.recv() => return,
-        };
-        let (stream, client) = match accepted {
-            Ok(pair) => {
-                accept_errors.reset();
-                pair
-            }
-            Err(e) => {
-                // Out of file descriptors and the like: back off, never exit.
-                accept_errors.failed(&e).await;
-                continue;
-            }
+        let next = next_connection(&listener, &slots, &mut accept_errors, &mut stop);
+        let Some((stream, client, slot)) = next.await else {
+            return;
         };
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();

@@ -197,6 +197,14 @@ impl RolePartition {
         self.role(index)?.begin_local()
     }
 
+    /// How many of the partition's roles this instance holds now.
+    pub fn held_here(&self) -> usize {
+        let snap = self.shared.snapshot();
+        let now = Instant::now();
+        let roles = &snap.roles[self.first..self.first + self.count as usize];
+        roles.iter().filter(|r| r.held_now(now)).count()
+    }
+
     /// Whether the partition's roles are spread over the live candidates.
     pub fn is_balanced(&self) -> bool {
         self.shared
