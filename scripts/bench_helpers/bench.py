@@ -1053,31 +1053,27 @@ class Bench:
 
     # -- driver ---------------------------------------------------------------
 
-    def section_work(self):
-        """Leased work rows on PostgreSQL: claims/s beside FOR UPDATE SKIP LOCKED,
-        claim latency as the completed history grows (benches/work_rows.rs)."""
+    def cargo_bench(self, bench, section):
+        """Runs `benches/<bench>.rs` against a throwaway PostgreSQL and keeps its JSON."""
         pg = self.start_pg()
-        out = os.path.join(self.workdir, "work.json")
-        cmd = ["cargo", "bench", "--quiet", "--bench", "work_rows", "--", "--pg", pg["url"], "--json", out]
+        out = os.path.join(self.workdir, bench + ".json")
+        cmd = ["cargo", "bench", "--quiet", "--bench", bench, "--", "--pg", pg["url"], "--json", out]
         if self.quick:
             cmd.append("--quick")
         log("running " + " ".join(cmd[:5]))
         subprocess.run(cmd, check=True, cwd=ROOT)
         with open(out) as f:
-            self.results["sections"]["work"] = json.load(f)
+            self.results["sections"][section] = json.load(f)
+
+    def section_work(self):
+        """Leased work rows on PostgreSQL: claims/s beside FOR UPDATE SKIP LOCKED,
+        claim latency as the completed history grows (benches/work_rows.rs)."""
+        self.cargo_bench("work_rows", "work")
 
     def section_balance(self):
         """Partition balance on PostgreSQL: time to balance after a join, and
         the gap per graceful move (benches/balance.rs)."""
-        pg = self.start_pg()
-        out = os.path.join(self.workdir, "balance.json")
-        cmd = ["cargo", "bench", "--quiet", "--bench", "balance", "--", "--pg", pg["url"], "--json", out]
-        if self.quick:
-            cmd.append("--quick")
-        log("running " + " ".join(cmd[:5]))
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        with open(out) as f:
-            self.results["sections"]["balance"] = json.load(f)
+        self.cargo_bench("balance", "balance")
 
     def run(self):
         t_all = time.monotonic()
