@@ -1,0 +1,585 @@
+//! etcd store: the path beyond one database. Each instance has one etcd lease
+//! (TTL ≥ its longest role duration), kept alive by the coordinator's tick;
+//! every role key it holds is attached to that lease, so expiry is judged by
+//! etcd's server-side TTL. A term begins with a transaction that puts the
+//! role key compared on its absence (or, for the caller's own key, on its
+//! mod revision: one write, never a delete followed by a create); the
+//! fencing token is that put's revision, the key's mod revision
+//! (cluster-wide, strictly increasing; nothing else writes the key while the
+//! term lasts). Renewal is the lease keep-alive plus a check that the key
+//! still has the caller's token and lease; release deletes the key if it
+//! still has both. A watch on the key prefix wakes contenders and refreshes
+//! snapshots at once.
+//!
+//! Every call goes through [`members::Members`]: one connection per
+//! endpoint, each with its own health, short per-attempt deadlines, and
+//! the next member on failure. The keep-alive stream is reopened on the
+//! same lease when it breaks ([`keepalive`]); a new lease is granted only
+//! once the cluster says the old one is gone.
+//!
+//! A role key's value names the holder and its lease's TTL, so a reader
+//! judges the holder from the time it saw the key and that TTL, without a
+//! lease lookup, and never from a whole-second TTL read.
+//!
+//! Per tick and instance: one keep-alive, one range read, and (only when
+//! taking roles) one transaction per role sent concurrently — O(1) round trips.
+
+mod keepalive;
+mod members;
+mod presence;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+use futures_util::future::{join_all, BoxFuture};
+use futures_util::{stream, FutureExt};
+use tokio::sync::Mutex;
+
+use super::error::{with_sources, BoxError};
+use super::{
+    check_table_name, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
+    Member, RoleName, StoreError,
+};
+use keepalive::{InstanceLease, Renewal};
+use members::{CallError, Members, Patience};
+
+/// etcd's default `--max-txn-ops`.
+const MAX_TXN_OPS: usize = 128;
+/// How long building a member's connection may take (TCP connect, and the
+/// authentication call when a user is set).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// HTTP/2 keep-alive pings on a connection idle this long. etcd refuses
+/// pings more often than every 5 s (`--grpc-keepalive-min-time`) on a
+/// quiet connection, so fast detection comes from the per-call deadlines
+/// instead; the pings only close a long-silent stream to a dead member.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The store error for a failed `op` against the endpoints `at` (the one
+/// error mapping of this backend); `op` "connect" is a failure to connect.
+fn error(at: &str, op: &str, e: CallError) -> StoreError {
+    let context = match op {
+        "connect" => format!("cannot connect to etcd at {at}"),
+        op => format!("etcd at {at}: {op} failed"),
+    };
+    match e {
+        CallError::Etcd(e) => StoreError::unavailable(context, cause(e)),
+        CallError::TimedOut(after) => StoreError::timeout(context, after),
+    }
+}
+
+/// The cause inside an etcd client error (whose own `source()` is empty):
+/// the transport error with its chain, or the gRPC status's code, message
+/// and causes (its own `Display` adds details and metadata).
+fn cause(e: etcd_client::Error) -> BoxError {
+    match e {
+        etcd_client::Error::TransportError(e) => Box::new(e),
+        etcd_client::Error::IoError(e) => Box::new(e),
+        etcd_client::Error::GRpcStatus(s) => {
+            let head = format!("{}: {}", s.code(), s.message());
+            with_sources(head, std::error::Error::source(&s)).into()
+        }
+        e => Box::new(e),
+    }
+}
+
+/// A role key's value.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Holder {
+    holder: String,
+    address: String,
+    /// The TTL of the holder's etcd lease, in milliseconds (absent in keys
+    /// written by versions before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<u64>,
+}
+
+/// A role key as read from etcd.
+struct RoleKey {
+    holder: Holder,
+    /// The token: the revision of the put that began the term.
+    token: u64,
+    lease: i64,
+}
+
+/// An instance's lease slot: empty until the first claim, or after the
+/// cluster said the lease is gone and no new one was granted yet.
+type LeaseSlot = Arc<Mutex<Option<InstanceLease>>>;
+
+/// Leases in etcd v3, under the key namespace `ns`.
+pub struct EtcdStore {
+    members: Arc<Members>,
+    /// The endpoints, for messages.
+    at: String,
+    ns: String,
+    leases: std::sync::Mutex<HashMap<String, LeaseSlot>>,
+}
+
+impl EtcdStore {
+    /// `endpoints`: comma-separated `http://host:port` list, one connection
+    /// per endpoint. Fails when no endpoint can be used (a bad URL; with
+    /// `user`, no member authenticated); members that are down are tried
+    /// again on later calls.
+    pub async fn connect(
+        endpoints: &str,
+        namespace: &str,
+        user: Option<(&str, &str)>,
+    ) -> Result<Self, StoreError> {
+        check_table_name(namespace)?;
+        let eps: Vec<String> = endpoints
+            .split(',')
+            .map(|e| e.trim().trim_start_matches("etcd://").to_string())
+            .filter(|e| !e.is_empty())
+            .collect();
+        if eps.is_empty() {
+            return Err(StoreError::config("store.url", "no etcd endpoints"));
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_keep_alive(PING_INTERVAL, PING_TIMEOUT);
+        if let Some((u, p)) = user {
+            options = options.with_user(u, p);
+        }
+        let at = eps.join(",");
+        let members = Arc::new(Members::new(eps, options));
+        members
+            .connect(CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| error(&at, "connect", e))?;
+        members.spawn_prober();
+        Ok(Self {
+            members,
+            at,
+            ns: namespace.to_string(),
+            leases: std::sync::Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// [`error`] for this store's endpoints.
+    fn error(&self, op: &'static str) -> impl FnOnce(CallError) -> StoreError + '_ {
+        move |e| error(&self.at, op, e)
+    }
+
+    /// The value of a role key held by `instance` under a lease of `ttl`.
+    fn holder_value(&self, instance: &InstanceInfo, ttl: Duration) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(&Holder {
+            holder: instance.id.clone(),
+            address: instance.address.clone(),
+            ttl_ms: Some(ttl.as_millis() as u64),
+        })
+        .map_err(|e| {
+            StoreError::unavailable(format!("etcd at {}: encoding the holder", self.at), e)
+        })
+    }
+
+    fn lease_prefix(&self) -> String {
+        format!("{}/lease/", self.ns)
+    }
+
+    fn lease_key(&self, role: &str) -> String {
+        format!("{}/lease/{role}", self.ns)
+    }
+
+    fn known_prefix(&self) -> String {
+        format!("{}/known/", self.ns)
+    }
+
+    /// The lease slot of `instance`.
+    fn slot(&self, instance: &str) -> LeaseSlot {
+        let mut leases = self.leases.lock().unwrap_or_else(|p| p.into_inner());
+        leases.entry(instance.to_string()).or_default().clone()
+    }
+
+    /// Keeps the instance's lease alive, reopening its keep-alive stream on
+    /// the same lease as needed; grants a new lease only when there is none,
+    /// the cluster says the old one is gone, or a role now claimed needs a
+    /// longer TTL (its held keys then move to the new lease, as new terms,
+    /// once). Returns its id and TTL. The keep-alive leaves after the
+    /// caller's `t_sent`.
+    async fn keep_alive(
+        &self,
+        instance: &str,
+        need: Duration,
+    ) -> Result<(i64, Duration), StoreError> {
+        let slot = self.slot(instance);
+        let mut slot = slot.lock().await;
+        if slot.as_ref().is_some_and(|l| l.ttl < need) {
+            tracing::info!(
+                need = ?need,
+                "a role needs a longer etcd lease; granting one (held roles move to it as new terms)"
+            );
+            *slot = None;
+        }
+        if let Some(lease) = slot.as_mut() {
+            match lease
+                .renew(&self.members)
+                .await
+                .map_err(self.error("keep-alive"))?
+            {
+                Renewal::Alive => return Ok((lease.id, lease.ttl)),
+                Renewal::Gone => {
+                    // Expired and revoked: every key attached to it is gone already.
+                    tracing::warn!(
+                        lease = lease.id,
+                        "the instance's etcd lease expired; granting a new one"
+                    );
+                    *slot = None;
+                }
+            }
+        }
+        let secs = need.as_millis().div_ceil(1000).max(1) as i64;
+        let granted = self
+            .members
+            .write(|mut c| async move { c.lease_grant(secs, None).await })
+            .await
+            .map_err(self.error("keep-alive"))?;
+        let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        *slot = Some(InstanceLease::new(granted.id(), ttl));
+        Ok((granted.id(), ttl))
+    }
+
+    async fn read_roles(&self) -> Result<BTreeMap<String, RoleKey>, StoreError> {
+        let prefix = self.lease_prefix();
+        let resp = self
+            .members
+            .call(|mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(self.error("read"))?;
+        let mut out = BTreeMap::new();
+        for kv in resp.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            let Some(role) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
+                continue;
+            };
+            out.insert(
+                role.to_string(),
+                RoleKey {
+                    holder,
+                    token: kv.mod_revision() as u64,
+                    lease: kv.lease(),
+                },
+            );
+        }
+        Ok(out)
+    }
+
+    /// Begins a new term for `role` in one transaction: puts the key
+    /// attached to `lease` if it is still absent (`seen` None) or still at
+    /// the token `seen` (a key of the caller's that it does not hold as
+    /// that term). The token is the put's revision.
+    async fn begin_term(
+        &self,
+        role: String,
+        seen: Option<u64>,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<(String, u64)>, StoreError> {
+        let key = self.lease_key(&role);
+        let unchanged = match seen {
+            Some(token) => Compare::mod_revision(key.clone(), CompareOp::Equal, token as i64),
+            None => Compare::version(key.clone(), CompareOp::Equal, 0),
+        };
+        let put = TxnOp::put(
+            key,
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new().when([unchanged]).and_then([put]);
+        let resp = self
+            .members
+            .write(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(self.error("acquire"))?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| (role, h.revision() as u64)))
+            .flatten())
+    }
+
+    /// The time left on each holder's term, for keys without a TTL in their
+    /// value (written by earlier versions): the granted TTL of their lease.
+    async fn legacy_ttls(
+        &self,
+        current: &BTreeMap<String, RoleKey>,
+    ) -> Result<HashMap<i64, Duration>, StoreError> {
+        let mut ids: Vec<i64> = current
+            .values()
+            .filter(|k| k.holder.ttl_ms.is_none())
+            .map(|k| k.lease)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let lookups = ids.iter().map(|&id| async move {
+            let found = self
+                .members
+                .call(|mut c| async move { c.lease_time_to_live(id, None).await })
+                .await;
+            match found {
+                Ok(r) if r.ttl() > 0 => {
+                    Ok((id, Duration::from_secs(r.granted_ttl().max(1) as u64)))
+                }
+                Ok(_) => Ok((id, Duration::ZERO)),
+                Err(CallError::Etcd(e)) if members::is_answer(&e) => Ok((id, Duration::ZERO)),
+                Err(e) => Err(self.error("lease lookup")(e)),
+            }
+        });
+        join_all(lookups).await.into_iter().collect()
+    }
+}
+
+impl LeaseStore for EtcdStore {
+    fn kind(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        async move {
+            // Nothing to create; check the cluster answers.
+            self.members
+                .call_at(Patience::Setup, |mut c| async move { c.status().await })
+                .await
+                .map_err(self.error("status"))?;
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn register<'a>(&'a self, roles: &'a [RoleName]) -> BoxFuture<'a, Result<(), StoreError>> {
+        async move {
+            // Marker keys so `status` can list roles nobody holds.
+            for chunk in roles.chunks(MAX_TXN_OPS) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|r| TxnOp::put(format!("{}{r}", self.known_prefix()), Vec::new(), None))
+                    .collect();
+                let txn = Txn::new().and_then(ops);
+                self.members
+                    .write(|mut c| {
+                        let txn = txn.clone();
+                        async move { c.txn(txn).await }
+                    })
+                    .await
+                    .map_err(self.error("register"))?;
+            }
+            Ok(())
+        }
+        .boxed()
+    }
+
+    fn claim<'a>(
+        &'a self,
+        instance: &'a InstanceInfo,
+        claims: &'a [Claim],
+    ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
+        async move {
+            let durations = claims.iter().map(|c| c.duration);
+            let (Some(shortest), Some(need)) = (durations.clone().min(), durations.max()) else {
+                return Ok(Vec::new());
+            };
+            self.members.tune(shortest);
+            let (lease, ttl) = self.keep_alive(&instance.id, need).await?;
+            let current = self.read_roles().await?;
+            let value = self.holder_value(instance, ttl)?;
+            let mut grants = Vec::new();
+            let mut attempts = Vec::new();
+            for c in claims {
+                // The lease TTL must cover the role's duration, or the store term
+                // would end before the caller's trust window.
+                if c.duration > ttl {
+                    tracing::warn!(role = %c.role, "role duration exceeds the instance's etcd lease TTL; not claimed");
+                    continue;
+                }
+                let seen = match current.get(c.role.as_str()) {
+                    Some(k) if k.holder.holder == instance.id && k.lease == lease && Some(k.token) == c.held_token => {
+                        // Renewed by the keep-alive above.
+                        grants.push(Grant {
+                            role: c.role.to_string(),
+                            token: k.token,
+                        });
+                        continue;
+                    }
+                    // Ours but not the term the caller holds: a new term, put
+                    // over the key in one write, so the role is never free.
+                    Some(k) if k.holder.holder == instance.id => Some(k.token),
+                    Some(_) => continue,
+                    None => None,
+                };
+                attempts.push(self.begin_term(c.role.to_string(), seen, &value, lease));
+            }
+            for result in join_all(attempts).await {
+                if let Some((role, token)) = result? {
+                    grants.push(Grant { role, token });
+                }
+            }
+            Ok(grants)
+        }
+        .boxed()
+    }
+
+    fn release<'a>(
+        &'a self,
+        instance: &'a InstanceInfo,
+        held: &'a [(RoleName, u64)],
+    ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
+        async move {
+            // Keys of this instance are attached to its lease; without one it holds none.
+            let lease = self.slot(&instance.id).lock().await.as_ref().map(|l| l.id);
+            let Some(lease) = lease else {
+                return Ok(Vec::new());
+            };
+            let attempts = held.iter().map(|(role, token)| async move {
+                let key = self.lease_key(role);
+                let txn = Txn::new()
+                    .when([
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, *token as i64),
+                        Compare::lease(key.clone(), CompareOp::Equal, lease),
+                    ])
+                    .and_then([TxnOp::delete(key, None)]);
+                let resp = self
+                    .members
+                    .write(|mut c| {
+                        let txn = txn.clone();
+                        async move { c.txn(txn).await }
+                    })
+                    .await
+                    .map_err(self.error("release"))?;
+                Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
+            });
+            let mut released = Vec::new();
+            for r in join_all(attempts).await {
+                if let Some(role) = r? {
+                    released.push(role);
+                }
+            }
+            Ok(released)
+        }
+        .boxed()
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+    ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
+        async move {
+            let current = self.read_roles().await?;
+            let names: Vec<String> = if roles.is_empty() {
+                let mut names = self.known_roles().await?;
+                names.extend(current.keys().cloned());
+                names.sort();
+                names.dedup();
+                names
+            } else {
+                roles.iter().map(|r| r.to_string()).collect()
+            };
+            let legacy = self.legacy_ttls(&current).await?;
+            Ok(names
+                .iter()
+                .map(|role| match current.get(role) {
+                    // The key exists, so its lease was alive when read: the
+                    // term runs at most its TTL from then.
+                    Some(k) => LeaseRecord {
+                        role: role.clone(),
+                        holder: Some(k.holder.holder.clone()),
+                        holder_address: Some(k.holder.address.clone()),
+                        token: k.token,
+                        remaining: k
+                            .holder
+                            .ttl_ms
+                            .map(Duration::from_millis)
+                            .or_else(|| legacy.get(&k.lease).copied())
+                            .unwrap_or_default(),
+                    },
+                    None => LeaseRecord {
+                        role: role.clone(),
+                        holder: None,
+                        holder_address: None,
+                        token: 0,
+                        remaining: Duration::ZERO,
+                    },
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
+        async move {
+            let prefix = self.lease_prefix();
+            let (member, (watcher, stream)) = self
+                .members
+                .call_at(Patience::Read, |mut c| {
+                    let prefix = prefix.clone();
+                    async move {
+                        c.watch(prefix, Some(WatchOptions::new().with_prefix()))
+                            .await
+                    }
+                })
+                .await
+                .map_err(self.error("watch"))?;
+            // The watcher lives as long as the stream. The watch ending or
+            // failing, or its member failing any call, ends the feed (the
+            // coordinator subscribes again, on a healthy member).
+            let mut failures = self.members.failures(member);
+            failures.mark_unchanged();
+            let state = (watcher, stream, failures);
+            let notices = stream::unfold(state, |(watcher, mut stream, mut failures)| async move {
+                tokio::select! {
+                    m = stream.message() => match m {
+                        Ok(Some(_)) => Some(((), (watcher, stream, failures))),
+                        _ => None,
+                    },
+                    _ = failures.changed() => None,
+                }
+            });
+            Ok(feed::spawn(notices))
+        }
+        .boxed()
+    }
+
+    fn presence<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
+        self.presence_call(me, candidate, ttl).boxed()
+    }
+
+    fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
+        self.leave_call(me).boxed()
+    }
+}
+
+impl EtcdStore {
+    /// Every registered role name (the marker keys).
+    async fn known_roles(&self) -> Result<Vec<String>, StoreError> {
+        let prefix = self.known_prefix();
+        let resp = self
+            .members
+            .call(|mut c| {
+                let prefix = prefix.clone();
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(self.error("snapshot"))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix).map(str::to_owned))
+            .collect())
+    }
+}
