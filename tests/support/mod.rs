@@ -1,9 +1,11 @@
 //! Shared test support: throwaway PostgreSQL servers on free loopback ports,
-//! unique table names, waiting for conditions with deadlines, and the
-//! one-holder interval checker (`intervals`).
+//! a real multi-member etcd cluster (`etcd`), unique table names, waiting
+//! for conditions with deadlines, and the one-holder interval checker
+//! (`intervals`).
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod etcd;
 pub mod intervals;
 
 use std::net::TcpListener;
