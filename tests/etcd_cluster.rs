@@ -8,8 +8,8 @@
 //! With a majority up, a held role keeps its token (no new term) and no
 //! coordinator goes without a holder for a role beyond one renew interval.
 //! On quorum loss every coordinator fails closed (no role held, not ready)
-//! within `duration - safety_margin`, and serves again within about one
-//! renew interval of the quorum's return. Each test prints its figures
+//! within `duration - safety_margin`, and serves again within one renew
+//! interval of the quorum's return. Each test prints its figures
 //! (`cargo test --features etcd --test etcd_cluster -- --nocapture`);
 //! docs/stores.md carries them.
 //!
@@ -365,8 +365,8 @@ async fn killing_the_first_endpoint_of_every_list_keeps_every_role_and_token() {
 
 /// Two of three members die: every coordinator fails closed (no role held,
 /// not ready) within `duration - safety_margin`; once one member is back
-/// and the cluster takes writes, roles are held again within about one
-/// renew interval.
+/// and the cluster takes writes, every role is held again and every
+/// coordinator ready and knowing the holder within one renew interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() {
     let _serial = serial().await;
@@ -392,6 +392,7 @@ async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() 
     cluster.restart(1);
     cluster.wait_writable(Duration::from_secs(30)).await;
     let t1 = Instant::now();
+    tracing::info!("the etcd cluster takes writes again");
     support::wait_for(
         "every role held again and every coordinator ready",
         Duration::from_secs(20),
@@ -408,8 +409,8 @@ async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() 
         "failing closed took {closed:?}, bound duration - safety_margin = {bound:?}"
     );
     assert!(
-        back <= T.renew_interval + T.renew_interval / 2,
-        "serving again took {back:?} after the quorum returned, more than about one renew interval"
+        back <= T.renew_interval,
+        "serving again took {back:?} after the quorum returned, more than one renew interval"
     );
     cluster.restart(2);
     rig.shutdown().await;
