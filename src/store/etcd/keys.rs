@@ -48,7 +48,8 @@ impl EtcdStore {
         })
     }
 
-    pub(super) async fn read_roles(&self) -> Result<BTreeMap<String, RoleKey>, StoreError> {
+    /// Every role key, and the Raft term the read was answered in.
+    pub(super) async fn read_roles(&self) -> Result<(BTreeMap<String, RoleKey>, u64), StoreError> {
         let prefix = self.lease_prefix();
         let resp = self
             .members
@@ -58,8 +59,10 @@ impl EtcdStore {
             })
             .await
             .map_err(self.error("read"))?;
+        let mut term = 0;
         if let Some(h) = resp.header() {
             self.read_revision.store(h.revision(), Ordering::Relaxed);
+            term = h.raft_term();
         }
         let mut out = BTreeMap::new();
         for kv in resp.kvs() {
@@ -79,7 +82,7 @@ impl EtcdStore {
                 },
             );
         }
-        Ok(out)
+        Ok((out, term))
     }
 
     /// Begins a new term for `role` in one transaction: puts the key

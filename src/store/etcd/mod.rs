@@ -173,13 +173,14 @@ impl EtcdStore {
     /// the same lease as needed; grants a new lease only when there is none,
     /// the cluster says the old one is gone, or a role now claimed needs a
     /// longer TTL (its held keys then move to the new lease, as new terms,
-    /// once). Returns its id and TTL. The keep-alive leaves after the
-    /// caller's `t_sent`.
+    /// once). Returns its id, its TTL and the Raft term the keep-alive (or
+    /// the grant) was answered in. The keep-alive leaves after the caller's
+    /// `t_sent`.
     async fn keep_alive(
         &self,
         instance: &str,
         need: Duration,
-    ) -> Result<(i64, Duration), StoreError> {
+    ) -> Result<(i64, Duration, u64), StoreError> {
         let slot = self.slot(instance);
         let mut slot = slot.lock().await;
         if slot.as_ref().is_some_and(|l| l.ttl < need) {
@@ -195,7 +196,7 @@ impl EtcdStore {
                 .await
                 .map_err(self.error("keep-alive"))?
             {
-                Renewal::Alive => return Ok((lease.id, lease.ttl)),
+                Renewal::Alive { term } => return Ok((lease.id, lease.ttl, term)),
                 Renewal::Gone => {
                     // Expired and revoked: every key attached to it is gone already.
                     tracing::warn!(
@@ -213,8 +214,9 @@ impl EtcdStore {
             .await
             .map_err(self.error("keep-alive"))?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let term = granted.header().map_or(0, |h| h.raft_term());
         *slot = Some(InstanceLease::new(granted.id(), ttl));
-        Ok((granted.id(), ttl))
+        Ok((granted.id(), ttl, term))
     }
 }
 
@@ -268,8 +270,19 @@ impl LeaseStore for EtcdStore {
                 return Ok(Vec::new());
             };
             self.members.tune(shortest);
-            let (lease, ttl) = self.keep_alive(&instance.id, need).await?;
-            let current = self.read_roles().await?;
+            let (lease, ttl, renewed_in) = self.keep_alive(&instance.id, need).await?;
+            let (current, read_in) = self.read_roles().await?;
+            if renewed_in != 0 && read_in != 0 && renewed_in != read_in {
+                // A leader frozen past an election answers keep-alives in
+                // its old term for a moment after it resumes, renewing
+                // nothing the cluster keeps. The linearizable read after it
+                // names the current term: trust the renewal only when they
+                // match (the leader of that term held a quorum throughout).
+                return Err(StoreError::unavailable(
+                    format!("etcd at {}: keep-alive failed", self.at),
+                    format!("answered in Raft term {renewed_in}, but the cluster is in term {read_in}; renewing again"),
+                ));
+            }
             let value = self.holder_value(instance, ttl)?;
             let mut grants = Vec::new();
             let mut attempts = Vec::new();
@@ -352,7 +365,7 @@ impl LeaseStore for EtcdStore {
         roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
-            let current = self.read_roles().await?;
+            let (current, _) = self.read_roles().await?;
             let names: Vec<String> = if roles.is_empty() {
                 let mut names = self.known_roles().await?;
                 names.extend(current.keys().cloned());
