@@ -8,8 +8,8 @@
 //! With a majority up, a held role keeps its token (no new term) and no
 //! coordinator goes without a holder for a role beyond one renew interval.
 //! On quorum loss every coordinator fails closed (no role held, not ready)
-//! within `duration - safety_margin`, and serves again within about one
-//! renew interval of the quorum's return. Each test prints its figures
+//! within `duration - safety_margin`, and serves again within one renew
+//! interval of the quorum's return. Each test prints its figures
 //! (`cargo test --features etcd --test etcd_cluster -- --nocapture`);
 //! docs/stores.md carries them.
 //!
@@ -31,16 +31,23 @@ use support::etcd::EtcdCluster;
 use support::intervals::{self, Held, Overlaps};
 
 /// Sized against etcd's election timeout (docs/stores.md): the trust window
-/// less one renew interval (3 s) outlasts a leader election (1-2.5 s here).
+/// less one renew interval (4 s) outlasts a leader election (1-2.6 s here)
+/// and the first fresh call after it.
 const T: LeaseTimings = LeaseTimings {
-    duration: Duration::from_secs(5),
+    duration: Duration::from_secs(6),
     renew_interval: Duration::from_secs(1),
     safety_margin: Duration::from_secs(1),
 };
 const ROLES: usize = 4;
 const COORDINATORS: usize = 3;
-/// How long a member stays killed or frozen.
+/// How long a member stays killed, or a follower frozen.
 const FAULT: Duration = Duration::from_secs(8);
+/// How long the leader stays frozen: past an election (1-2 s), but less
+/// than the lease TTL less one renew interval. A leader frozen longer
+/// revokes, as it resumes, leases it believes expired although the new
+/// leader kept them (etcd before 3.4.31 and 3.5.13; docs/stores.md): a
+/// server fault no client can undo, which these tests do not inject.
+const LEADER_FREEZE: Duration = Duration::from_secs(3);
 
 /// One cluster at a time: three etcd members per test are enough for two cores.
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
@@ -278,7 +285,8 @@ enum Victim {
     FirstInEveryList,
 }
 
-/// One member is killed or frozen for `FAULT`, then comes back. Each
+/// One member is killed or frozen for `FAULT` (`LEADER_FREEZE` for a
+/// frozen leader), then comes back. Each
 /// coordinator lists a different member first (so every member carries one
 /// coordinator's calls), except for `FirstInEveryList`.
 async fn member_fault_keeps_every_role(victim: Victim, fault: Fault) {
@@ -303,7 +311,11 @@ async fn member_fault_keeps_every_role(victim: Victim, fault: Fault) {
         Fault::Kill => cluster.kill(v),
         Fault::Pause => cluster.pause(v),
     }
-    tokio::time::sleep(FAULT).await;
+    let frozen_leader = fault == Fault::Pause && v == leader;
+    let hold = if frozen_leader { LEADER_FREEZE } else { FAULT };
+    // How long etcd itself took writes no more (an election, for the leader).
+    let etcd_out = cluster.wait_writable(Duration::from_secs(30)).await;
+    tokio::time::sleep(hold.saturating_sub(t0.elapsed())).await;
     match fault {
         Fault::Kill => cluster.restart(v),
         Fault::Pause => cluster.resume(v),
@@ -314,8 +326,8 @@ async fn member_fault_keeps_every_role(victim: Victim, fault: Fault) {
     let seen = sampler.finish().await;
     let new_terms = rig.events.began_since(t0);
     eprintln!(
-        "figures: {fault:?} {victim:?} (member {v}, leader was {leader}): longest without any holder {:?}, \
-         longest gap at one coordinator {:?} (coordinator, role, end: {:?}), new terms {}",
+        "figures: {fault:?} {victim:?} (member {v}, leader was {leader}; etcd took no write for {etcd_out:?}): \
+         longest without any holder {:?}, longest gap at one coordinator {:?} (coordinator, role, end: {:?}), new terms {}",
         seen.unserved,
         seen.gap,
         seen.gap_at,
@@ -323,7 +335,7 @@ async fn member_fault_keeps_every_role(victim: Victim, fault: Fault) {
     );
     assert!(
         new_terms.is_empty(),
-        "a majority stayed up, yet new terms began: {new_terms:?}"
+        "a majority stayed up, yet new terms began (etcd took no write for {etcd_out:?}): {new_terms:?}"
     );
     assert!(
         seen.unserved <= T.renew_interval,
@@ -365,8 +377,8 @@ async fn killing_the_first_endpoint_of_every_list_keeps_every_role_and_token() {
 
 /// Two of three members die: every coordinator fails closed (no role held,
 /// not ready) within `duration - safety_margin`; once one member is back
-/// and the cluster takes writes, roles are held again within about one
-/// renew interval.
+/// and the cluster takes writes, every role is held again and every
+/// coordinator ready and knowing the holder within one renew interval.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() {
     let _serial = serial().await;
@@ -392,6 +404,7 @@ async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() 
     cluster.restart(1);
     cluster.wait_writable(Duration::from_secs(30)).await;
     let t1 = Instant::now();
+    tracing::info!("the etcd cluster takes writes again");
     support::wait_for(
         "every role held again and every coordinator ready",
         Duration::from_secs(20),
@@ -408,8 +421,8 @@ async fn quorum_loss_fails_closed_then_serves_again_within_one_renew_interval() 
         "failing closed took {closed:?}, bound duration - safety_margin = {bound:?}"
     );
     assert!(
-        back <= T.renew_interval + T.renew_interval / 2,
-        "serving again took {back:?} after the quorum returned, more than about one renew interval"
+        back <= T.renew_interval,
+        "serving again took {back:?} after the quorum returned, more than one renew interval"
     );
     cluster.restart(2);
     rig.shutdown().await;

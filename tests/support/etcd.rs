@@ -1,7 +1,7 @@
 //! A real etcd cluster on loopback for tests: `n` members on free ports,
 //! data under [`super::test_dir`], with per-member kill, restart, SIGSTOP
 //! and SIGCONT. Dropping the cluster kills every member and removes its
-//! files. Needs the `etcd` binary (`scripts/test` installs it); without it
+//! files (a failing test keeps them, for the members' logs). Needs the `etcd` binary (`scripts/test` installs it); without it
 //! [`EtcdCluster::start`] fails and says so.
 
 use std::path::PathBuf;
@@ -250,6 +250,11 @@ impl Drop for EtcdCluster {
         for i in 0..self.members.len() {
             self.kill(i);
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            // A failed test keeps the members' logs.
+            eprintln!("etcd cluster logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }

@@ -28,9 +28,16 @@ struct Stream {
 /// What a keep-alive found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Renewal {
-    /// Renewed: the cluster's expiry is now at least the TTL after the
-    /// keep-alive was sent.
-    Alive,
+    /// Renewed by the member that answered, in the Raft term it answered
+    /// in: the cluster's expiry is at least the TTL after the keep-alive was
+    /// sent, provided that member's leader was the cluster's leader (a
+    /// leader that was frozen and resumes answers keep-alives for a moment
+    /// in its old term: the caller checks the term with a linearizable
+    /// read).
+    Alive {
+        /// The answering member's Raft term when the keep-alive arrived.
+        term: u64,
+    },
     /// The cluster no longer has the lease (expired and revoked, its keys
     /// deleted).
     Gone,
@@ -89,7 +96,10 @@ impl InstanceLease {
         Err(last)
     }
 
-    /// One keep-alive on member `i`.
+    /// One keep-alive on member `i`, on the open stream when it is on that
+    /// member, else on a new one (opening a stream sends a keep-alive whose
+    /// answer the client library keeps to itself, so one more is sent for
+    /// the term in its answer's header).
     async fn renew_on(&mut self, members: &Members, i: usize) -> Attempt {
         let usable = self
             .stream
@@ -97,10 +107,15 @@ impl InstanceLease {
             .is_some_and(|s| s.member == i && !s.pending);
         if !usable {
             self.stream = None;
-            return self.open(members, i).await;
+            match self.open(members, i).await {
+                Attempt::Answered(Renewal::Alive { .. }) => {}
+                other => return other,
+            }
         }
         let Some(s) = self.stream.as_mut() else {
-            return self.open(members, i).await;
+            return Attempt::Failed(CallError::Etcd(etcd_client::Error::LeaseKeepAliveError(
+                "no keep-alive stream".into(),
+            )));
         };
         s.pending = true;
         if let Err(e) = s.keeper.keep_alive().await {
@@ -110,7 +125,8 @@ impl InstanceLease {
             Ok(Some(answer)) => {
                 s.pending = false;
                 if answer.ttl() > 0 {
-                    Attempt::Answered(Renewal::Alive)
+                    let term = answer.header().map_or(0, |h| h.raft_term());
+                    Attempt::Answered(Renewal::Alive { term })
                 } else {
                     self.stream = None;
                     Attempt::Answered(Renewal::Gone)
@@ -138,7 +154,7 @@ impl InstanceLease {
                     answers,
                     pending: false,
                 });
-                Attempt::Answered(Renewal::Alive)
+                Attempt::Answered(Renewal::Alive { term: 0 })
             }
             Err(etcd_client::Error::LeaseKeepAliveError(m)) if is_lease_gone(&m) => {
                 Attempt::Answered(Renewal::Gone)

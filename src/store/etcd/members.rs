@@ -3,7 +3,8 @@
 //!
 //! A call goes to the healthy member that answered last, and moves on to
 //! the next member when one fails or does not answer within a short
-//! per-attempt deadline, as the Go client's health-checked balancer does.
+//! per-attempt deadline, as the Go client's health-checked balancer does,
+//! going round the members with fresh attempts until its budget is spent.
 //! A member that fails is probed in the background with a status call,
 //! which every running member answers on its own (leader or not, even
 //! during an election). So when calls fail everywhere, the members that
@@ -31,10 +32,16 @@ const ATTEMPT_DEFAULT: Duration = Duration::from_millis(250);
 /// A write (a transaction, a lease grant) gets this many attempt deadlines,
 /// so a slow but healthy cluster (a slow disk) still commits it.
 const WRITE_FACTOR: u32 = 4;
-/// The attempt deadline of a [`Patience::Setup`] call.
+/// The attempt deadline of a [`Patience::Setup`] call, which goes round
+/// the members twice.
 const SETUP_DEADLINE: Duration = Duration::from_secs(2);
-/// How many times a call goes round the members before it gives up.
-const SWEEPS: usize = 2;
+/// Bounds of a call's budget: it keeps going round the members with fresh
+/// attempts (after an election the first fresh one succeeds, while one sent
+/// before it waits on the old leader) until half the shortest lease
+/// duration claimed has passed, within 1-5 s; always one full round.
+const BUDGET_MIN: Duration = Duration::from_secs(1);
+const BUDGET_MAX: Duration = Duration::from_secs(5);
+const BUDGET_DEFAULT: Duration = Duration::from_millis(1_500);
 
 /// Why a call failed: the last member's error, or its deadline.
 #[derive(Debug)]
@@ -94,6 +101,7 @@ pub(super) struct Members {
     members: Vec<Member>,
     options: ConnectOptions,
     attempt_ms: AtomicU64,
+    budget_ms: AtomicU64,
 }
 
 impl Members {
@@ -112,6 +120,7 @@ impl Members {
             members,
             options,
             attempt_ms: AtomicU64::new(ATTEMPT_DEFAULT.as_millis() as u64),
+            budget_ms: AtomicU64::new(BUDGET_DEFAULT.as_millis() as u64),
         }
     }
 
@@ -173,12 +182,21 @@ impl Members {
         Ok(client.clone())
     }
 
-    /// Sets the per-attempt deadline from the shortest lease duration being
-    /// claimed: a twentieth of it, within 100-500 ms.
+    /// Sets the per-attempt deadline and the call budget from the shortest
+    /// lease duration being claimed: a twentieth of it within 100-500 ms,
+    /// and half of it within 1-5 s.
     pub(super) fn tune(&self, shortest: Duration) {
         let attempt = (shortest / 20).clamp(ATTEMPT_MIN, ATTEMPT_MAX);
         self.attempt_ms
             .store(attempt.as_millis() as u64, Ordering::Relaxed);
+        let budget = (shortest / 2).clamp(BUDGET_MIN, BUDGET_MAX);
+        self.budget_ms
+            .store(budget.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long a call keeps trying.
+    pub(super) fn budget(&self) -> Duration {
+        Duration::from_millis(self.budget_ms.load(Ordering::Relaxed))
     }
 
     /// How long one member gets to answer a read before the next is asked.
@@ -187,22 +205,29 @@ impl Members {
     }
 
     /// The attempts of one call: (member, deadline), going round the members
-    /// [`SWEEPS`] times, each round in the [`order`](Self::order) of its
-    /// start and with a longer deadline than the last (a cluster that is
-    /// slow everywhere still answers the second round).
+    /// until the call's [`budget`](Self::budget) is spent (at least once;
+    /// twice for [`Patience::Setup`]), each round in the
+    /// [`order`](Self::order) of its start; from the second round on with
+    /// twice the deadline (a cluster slow everywhere still answers).
     pub(super) fn attempts(
         &self,
         patience: Patience,
     ) -> impl Iterator<Item = (usize, Duration)> + '_ {
-        let deadline = match patience {
-            Patience::Read => self.attempt(),
-            Patience::Write => self.attempt() * WRITE_FACTOR,
-            Patience::Setup => SETUP_DEADLINE,
+        let (deadline, budget, rounds) = match patience {
+            Patience::Read => (self.attempt(), self.budget(), 1),
+            Patience::Write => (self.attempt() * WRITE_FACTOR, self.budget(), 1),
+            Patience::Setup => (SETUP_DEADLINE, Duration::ZERO, 2),
         };
-        (1..=SWEEPS as u32).flat_map(move |round| {
-            let limit = deadline * round;
-            self.order().into_iter().map(move |i| (i, limit))
-        })
+        let at_least = rounds * self.members.len();
+        let started = Instant::now();
+        (1u32..)
+            .flat_map(move |round| {
+                let limit = deadline * round.min(2);
+                self.order().into_iter().map(move |i| (i, limit))
+            })
+            .enumerate()
+            .take_while(move |&(k, _)| k < at_least || started.elapsed() < budget)
+            .map(|(_, attempt)| attempt)
     }
 
     /// The order a call tries the members in: healthy ones first, the one
@@ -398,17 +423,22 @@ mod tests {
         assert_eq!(m.attempt(), ATTEMPT_DEFAULT);
         m.tune(Duration::from_secs(5));
         assert_eq!(m.attempt(), Duration::from_millis(250));
-        let reads: Vec<_> = m.attempts(Patience::Read).collect();
-        assert_eq!(reads.len(), 3 * SWEEPS, "every member, each sweep");
-        let (first, second) = reads.split_at(3);
+        assert_eq!(m.budget(), Duration::from_millis(2_500));
+        let reads: Vec<_> = m.attempts(Patience::Read).take(9).collect();
+        assert_eq!(reads.len(), 9, "round after round within the budget");
+        let (first, later) = reads.split_at(3);
         assert!(first.iter().all(|&(_, d)| d == Duration::from_millis(250)));
-        assert!(second.iter().all(|&(_, d)| d == Duration::from_millis(500)));
+        assert!(later.iter().all(|&(_, d)| d == Duration::from_millis(500)));
+        let setup: Vec<_> = m.attempts(Patience::Setup).collect();
+        assert_eq!(setup.len(), 6, "two rounds at start");
         let (_, write) = m.attempts(Patience::Write).next().unwrap_or_default();
         assert_eq!(write, Duration::from_secs(1));
         m.tune(Duration::from_secs(60));
         assert_eq!(m.attempt(), ATTEMPT_MAX);
+        assert_eq!(m.budget(), BUDGET_MAX);
         m.tune(Duration::from_millis(500));
         assert_eq!(m.attempt(), ATTEMPT_MIN);
+        assert_eq!(m.budget(), BUDGET_MIN);
     }
 
     #[test]

@@ -19,22 +19,24 @@
 //!
 //! A role key's value names the holder and its lease's TTL, so a reader
 //! judges the holder from the time it saw the key and that TTL, without a
-//! lease lookup, and never from a whole-second TTL read.
+//! lease lookup, and never from a whole-second TTL read ([`keys`]). A watch
+//! starts just after the revision of the last read, so a change between the
+//! read and the watch still wakes the coordinator.
 //!
 //! Per tick and instance: one keep-alive, one range read, and (only when
 //! taking roles) one transaction per role sent concurrently — O(1) round trips.
 
 mod keepalive;
+mod keys;
 mod members;
 mod presence;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
-};
+use etcd_client::{Compare, CompareOp, ConnectOptions, Txn, TxnOp, WatchOptions};
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::{stream, FutureExt};
 use tokio::sync::Mutex;
@@ -87,25 +89,6 @@ fn cause(e: etcd_client::Error) -> BoxError {
     }
 }
 
-/// A role key's value.
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Holder {
-    holder: String,
-    address: String,
-    /// The TTL of the holder's etcd lease, in milliseconds (absent in keys
-    /// written by versions before it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    ttl_ms: Option<u64>,
-}
-
-/// A role key as read from etcd.
-struct RoleKey {
-    holder: Holder,
-    /// The token: the revision of the put that began the term.
-    token: u64,
-    lease: i64,
-}
-
 /// An instance's lease slot: empty until the first claim, or after the
 /// cluster said the lease is gone and no new one was granted yet.
 type LeaseSlot = Arc<Mutex<Option<InstanceLease>>>;
@@ -117,6 +100,10 @@ pub struct EtcdStore {
     at: String,
     ns: String,
     leases: std::sync::Mutex<HashMap<String, LeaseSlot>>,
+    /// The revision of the last range read of the role keys: a new watch
+    /// starts just after it, so no change between that read and the watch
+    /// goes unnoticed (0: none yet, or compacted away).
+    read_revision: Arc<AtomicI64>,
 }
 
 impl EtcdStore {
@@ -156,24 +143,13 @@ impl EtcdStore {
             at,
             ns: namespace.to_string(),
             leases: std::sync::Mutex::new(HashMap::new()),
+            read_revision: Arc::new(AtomicI64::new(0)),
         })
     }
 
     /// [`error`] for this store's endpoints.
     fn error(&self, op: &'static str) -> impl FnOnce(CallError) -> StoreError + '_ {
         move |e| error(&self.at, op, e)
-    }
-
-    /// The value of a role key held by `instance` under a lease of `ttl`.
-    fn holder_value(&self, instance: &InstanceInfo, ttl: Duration) -> Result<Vec<u8>, StoreError> {
-        serde_json::to_vec(&Holder {
-            holder: instance.id.clone(),
-            address: instance.address.clone(),
-            ttl_ms: Some(ttl.as_millis() as u64),
-        })
-        .map_err(|e| {
-            StoreError::unavailable(format!("etcd at {}: encoding the holder", self.at), e)
-        })
     }
 
     fn lease_prefix(&self) -> String {
@@ -198,13 +174,14 @@ impl EtcdStore {
     /// the same lease as needed; grants a new lease only when there is none,
     /// the cluster says the old one is gone, or a role now claimed needs a
     /// longer TTL (its held keys then move to the new lease, as new terms,
-    /// once). Returns its id and TTL. The keep-alive leaves after the
-    /// caller's `t_sent`.
+    /// once). Returns its id, its TTL and the Raft term the keep-alive (or
+    /// the grant) was answered in. The keep-alive leaves after the caller's
+    /// `t_sent`.
     async fn keep_alive(
         &self,
         instance: &str,
         need: Duration,
-    ) -> Result<(i64, Duration), StoreError> {
+    ) -> Result<(i64, Duration, u64), StoreError> {
         let slot = self.slot(instance);
         let mut slot = slot.lock().await;
         if slot.as_ref().is_some_and(|l| l.ttl < need) {
@@ -220,7 +197,7 @@ impl EtcdStore {
                 .await
                 .map_err(self.error("keep-alive"))?
             {
-                Renewal::Alive => return Ok((lease.id, lease.ttl)),
+                Renewal::Alive { term } => return Ok((lease.id, lease.ttl, term)),
                 Renewal::Gone => {
                     // Expired and revoked: every key attached to it is gone already.
                     tracing::warn!(
@@ -238,105 +215,9 @@ impl EtcdStore {
             .await
             .map_err(self.error("keep-alive"))?;
         let ttl = Duration::from_secs(granted.ttl().max(1) as u64);
+        let term = granted.header().map_or(0, |h| h.raft_term());
         *slot = Some(InstanceLease::new(granted.id(), ttl));
-        Ok((granted.id(), ttl))
-    }
-
-    async fn read_roles(&self) -> Result<BTreeMap<String, RoleKey>, StoreError> {
-        let prefix = self.lease_prefix();
-        let resp = self
-            .members
-            .call(|mut c| {
-                let prefix = prefix.clone();
-                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
-            })
-            .await
-            .map_err(self.error("read"))?;
-        let mut out = BTreeMap::new();
-        for kv in resp.kvs() {
-            let Ok(key) = kv.key_str() else { continue };
-            let Some(role) = key.strip_prefix(&prefix) else {
-                continue;
-            };
-            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
-                continue;
-            };
-            out.insert(
-                role.to_string(),
-                RoleKey {
-                    holder,
-                    token: kv.mod_revision() as u64,
-                    lease: kv.lease(),
-                },
-            );
-        }
-        Ok(out)
-    }
-
-    /// Begins a new term for `role` in one transaction: puts the key
-    /// attached to `lease` if it is still absent (`seen` None) or still at
-    /// the token `seen` (a key of the caller's that it does not hold as
-    /// that term). The token is the put's revision.
-    async fn begin_term(
-        &self,
-        role: String,
-        seen: Option<u64>,
-        value: &[u8],
-        lease: i64,
-    ) -> Result<Option<(String, u64)>, StoreError> {
-        let key = self.lease_key(&role);
-        let unchanged = match seen {
-            Some(token) => Compare::mod_revision(key.clone(), CompareOp::Equal, token as i64),
-            None => Compare::version(key.clone(), CompareOp::Equal, 0),
-        };
-        let put = TxnOp::put(
-            key,
-            value.to_vec(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        let txn = Txn::new().when([unchanged]).and_then([put]);
-        let resp = self
-            .members
-            .write(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(self.error("acquire"))?;
-        Ok(resp
-            .succeeded()
-            .then(|| resp.header().map(|h| (role, h.revision() as u64)))
-            .flatten())
-    }
-
-    /// The time left on each holder's term, for keys without a TTL in their
-    /// value (written by earlier versions): the granted TTL of their lease.
-    async fn legacy_ttls(
-        &self,
-        current: &BTreeMap<String, RoleKey>,
-    ) -> Result<HashMap<i64, Duration>, StoreError> {
-        let mut ids: Vec<i64> = current
-            .values()
-            .filter(|k| k.holder.ttl_ms.is_none())
-            .map(|k| k.lease)
-            .collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let lookups = ids.iter().map(|&id| async move {
-            let found = self
-                .members
-                .call(|mut c| async move { c.lease_time_to_live(id, None).await })
-                .await;
-            match found {
-                Ok(r) if r.ttl() > 0 => {
-                    Ok((id, Duration::from_secs(r.granted_ttl().max(1) as u64)))
-                }
-                Ok(_) => Ok((id, Duration::ZERO)),
-                Err(CallError::Etcd(e)) if members::is_answer(&e) => Ok((id, Duration::ZERO)),
-                Err(e) => Err(self.error("lease lookup")(e)),
-            }
-        });
-        join_all(lookups).await.into_iter().collect()
+        Ok((granted.id(), ttl, term))
     }
 }
 
@@ -390,8 +271,19 @@ impl LeaseStore for EtcdStore {
                 return Ok(Vec::new());
             };
             self.members.tune(shortest);
-            let (lease, ttl) = self.keep_alive(&instance.id, need).await?;
-            let current = self.read_roles().await?;
+            let (lease, ttl, renewed_in) = self.keep_alive(&instance.id, need).await?;
+            let (current, read_in) = self.read_roles().await?;
+            if renewed_in != 0 && read_in != 0 && renewed_in != read_in {
+                // A leader frozen past an election answers keep-alives in
+                // its old term for a moment after it resumes, renewing
+                // nothing the cluster keeps. The linearizable read after it
+                // names the current term: trust the renewal only when they
+                // match (the leader of that term held a quorum throughout).
+                return Err(StoreError::unavailable(
+                    format!("etcd at {}: keep-alive failed", self.at),
+                    format!("answered in Raft term {renewed_in}, but the cluster is in term {read_in}; renewing again"),
+                ));
+            }
             let value = self.holder_value(instance, ttl)?;
             let mut grants = Vec::new();
             let mut attempts = Vec::new();
@@ -474,7 +366,7 @@ impl LeaseStore for EtcdStore {
         roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
         async move {
-            let current = self.read_roles().await?;
+            let (current, _) = self.read_roles().await?;
             let names: Vec<String> = if roles.is_empty() {
                 let mut names = self.known_roles().await?;
                 names.extend(current.keys().cloned());
@@ -518,30 +410,42 @@ impl LeaseStore for EtcdStore {
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
             let prefix = self.lease_prefix();
+            let mut options = WatchOptions::new().with_prefix();
+            let after = self.read_revision.load(Ordering::Relaxed);
+            if after > 0 {
+                options = options.with_start_revision(after + 1);
+            }
             let (member, (watcher, stream)) = self
                 .members
                 .call_at(Patience::Read, |mut c| {
-                    let prefix = prefix.clone();
-                    async move {
-                        c.watch(prefix, Some(WatchOptions::new().with_prefix()))
-                            .await
-                    }
+                    let (prefix, options) = (prefix.clone(), options.clone());
+                    async move { c.watch(prefix, Some(options)).await }
                 })
                 .await
                 .map_err(self.error("watch"))?;
             // The watcher lives as long as the stream. The watch ending or
             // failing, or its member failing any call, ends the feed (the
-            // coordinator subscribes again, on a healthy member).
+            // coordinator subscribes again, on a healthy member). A watch
+            // the cluster cancels (its start revision was compacted) ends it
+            // too, and the next one starts from the present.
             let mut failures = self.members.failures(member);
             failures.mark_unchanged();
+            let read_revision = self.read_revision.clone();
             let state = (watcher, stream, failures);
-            let notices = stream::unfold(state, |(watcher, mut stream, mut failures)| async move {
-                tokio::select! {
-                    m = stream.message() => match m {
-                        Ok(Some(_)) => Some(((), (watcher, stream, failures))),
-                        _ => None,
-                    },
-                    _ = failures.changed() => None,
+            let notices = stream::unfold(state, move |(watcher, mut stream, mut failures)| {
+                let read_revision = read_revision.clone();
+                async move {
+                    tokio::select! {
+                        m = stream.message() => match m {
+                            Ok(Some(resp)) if resp.canceled() => {
+                                read_revision.store(0, Ordering::Relaxed);
+                                None
+                            }
+                            Ok(Some(_)) => Some(((), (watcher, stream, failures))),
+                            _ => None,
+                        },
+                        _ = failures.changed() => None,
+                    }
                 }
             });
             Ok(feed::spawn(notices))
@@ -560,26 +464,5 @@ impl LeaseStore for EtcdStore {
 
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
         self.leave_call(me).boxed()
-    }
-}
-
-impl EtcdStore {
-    /// Every registered role name (the marker keys).
-    async fn known_roles(&self) -> Result<Vec<String>, StoreError> {
-        let prefix = self.known_prefix();
-        let resp = self
-            .members
-            .call(|mut c| {
-                let prefix = prefix.clone();
-                let options = GetOptions::new().with_prefix().with_keys_only();
-                async move { c.get(prefix, Some(options)).await }
-            })
-            .await
-            .map_err(self.error("snapshot"))?;
-        Ok(resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix).map(str::to_owned))
-            .collect())
     }
 }

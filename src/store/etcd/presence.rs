@@ -20,7 +20,7 @@ impl EtcdStore {
         candidate: bool,
         ttl: Duration,
     ) -> Result<Vec<Member>, StoreError> {
-        let (lease, _) = self.keep_alive(&me.id, ttl).await?;
+        let (lease, _, _) = self.keep_alive(&me.id, ttl).await?;
         let value = format!("{} {}", u8::from(candidate), me.address);
         let prefix = format!("{}/members/", self.ns);
         let txn = Txn::new().and_then([

@@ -1,0 +1,172 @@
+//! The role keys: their value, how they are read, and the one
+//! transaction that begins a term.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use futures_util::future::join_all;
+
+use super::members::{self, CallError};
+use super::EtcdStore;
+use crate::store::{InstanceInfo, StoreError};
+
+/// A role key's value.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(super) struct Holder {
+    pub(super) holder: String,
+    pub(super) address: String,
+    /// The TTL of the holder's etcd lease, in milliseconds (absent in keys
+    /// written by versions before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) ttl_ms: Option<u64>,
+}
+
+/// A role key as read from etcd.
+pub(super) struct RoleKey {
+    pub(super) holder: Holder,
+    /// The token: the revision of the put that began the term.
+    pub(super) token: u64,
+    pub(super) lease: i64,
+}
+
+impl EtcdStore {
+    /// The value of a role key held by `instance` under a lease of `ttl`.
+    pub(super) fn holder_value(
+        &self,
+        instance: &InstanceInfo,
+        ttl: Duration,
+    ) -> Result<Vec<u8>, StoreError> {
+        serde_json::to_vec(&Holder {
+            holder: instance.id.clone(),
+            address: instance.address.clone(),
+            ttl_ms: Some(ttl.as_millis() as u64),
+        })
+        .map_err(|e| {
+            StoreError::unavailable(format!("etcd at {}: encoding the holder", self.at), e)
+        })
+    }
+
+    /// Every role key, and the Raft term the read was answered in.
+    pub(super) async fn read_roles(&self) -> Result<(BTreeMap<String, RoleKey>, u64), StoreError> {
+        let prefix = self.lease_prefix();
+        let resp = self
+            .members
+            .call(|mut c| {
+                let prefix = prefix.clone();
+                async move { c.get(prefix, Some(GetOptions::new().with_prefix())).await }
+            })
+            .await
+            .map_err(self.error("read"))?;
+        let mut term = 0;
+        if let Some(h) = resp.header() {
+            self.read_revision.store(h.revision(), Ordering::Relaxed);
+            term = h.raft_term();
+        }
+        let mut out = BTreeMap::new();
+        for kv in resp.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            let Some(role) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
+                continue;
+            };
+            out.insert(
+                role.to_string(),
+                RoleKey {
+                    holder,
+                    token: kv.mod_revision() as u64,
+                    lease: kv.lease(),
+                },
+            );
+        }
+        Ok((out, term))
+    }
+
+    /// Begins a new term for `role` in one transaction: puts the key
+    /// attached to `lease` if it is still absent (`seen` None) or still at
+    /// the token `seen` (a key of the caller's that it does not hold as
+    /// that term). The token is the put's revision.
+    pub(super) async fn begin_term(
+        &self,
+        role: String,
+        seen: Option<u64>,
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<(String, u64)>, StoreError> {
+        let key = self.lease_key(&role);
+        let unchanged = match seen {
+            Some(token) => Compare::mod_revision(key.clone(), CompareOp::Equal, token as i64),
+            None => Compare::version(key.clone(), CompareOp::Equal, 0),
+        };
+        let put = TxnOp::put(
+            key,
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new().when([unchanged]).and_then([put]);
+        let resp = self
+            .members
+            .write(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(self.error("acquire"))?;
+        Ok(resp
+            .succeeded()
+            .then(|| resp.header().map(|h| (role, h.revision() as u64)))
+            .flatten())
+    }
+
+    /// The time left on each holder's term, for keys without a TTL in their
+    /// value (written by earlier versions): the granted TTL of their lease.
+    pub(super) async fn legacy_ttls(
+        &self,
+        current: &BTreeMap<String, RoleKey>,
+    ) -> Result<HashMap<i64, Duration>, StoreError> {
+        let mut ids: Vec<i64> = current
+            .values()
+            .filter(|k| k.holder.ttl_ms.is_none())
+            .map(|k| k.lease)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let lookups = ids.iter().map(|&id| async move {
+            let found = self
+                .members
+                .call(|mut c| async move { c.lease_time_to_live(id, None).await })
+                .await;
+            match found {
+                Ok(r) if r.ttl() > 0 => {
+                    Ok((id, Duration::from_secs(r.granted_ttl().max(1) as u64)))
+                }
+                Ok(_) => Ok((id, Duration::ZERO)),
+                Err(CallError::Etcd(e)) if members::is_answer(&e) => Ok((id, Duration::ZERO)),
+                Err(e) => Err(self.error("lease lookup")(e)),
+            }
+        });
+        join_all(lookups).await.into_iter().collect()
+    }
+
+    /// Every registered role name (the marker keys).
+    pub(super) async fn known_roles(&self) -> Result<Vec<String>, StoreError> {
+        let prefix = self.known_prefix();
+        let resp = self
+            .members
+            .call(|mut c| {
+                let prefix = prefix.clone();
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                async move { c.get(prefix, Some(options)).await }
+            })
+            .await
+            .map_err(self.error("snapshot"))?;
+        Ok(resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| kv.key_str().ok()?.strip_prefix(&prefix).map(str::to_owned))
+            .collect())
+    }
+}
