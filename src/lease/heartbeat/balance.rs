@@ -234,6 +234,14 @@ impl HeartbeatLoop {
         };
         let shared = self.shared.clone();
         let name = shared.role(i).name.clone();
+        // Local belief ends first, and is published, before the store can
+        // grant the role to anyone else: as on a graceful stop, the two
+        // intervals never overlap. If the release fails, the term is simply
+        // abandoned here and expires in the store.
+        self.end_term(i);
+        self.publish();
+        self.roles[i].free_since = Some(Instant::now());
+        self.shared.set_handing_over(i, false);
         Counters::bump(&shared.counters().release_calls);
         self.calls_this_tick += 1;
         let held = [(name.clone(), term.token)];
@@ -241,16 +249,12 @@ impl HeartbeatLoop {
         let result = tokio::time::timeout(shared.op_timeout(), release).await;
         match result {
             Ok(Ok(_)) => {
-                self.end_term(i);
-                // Not taken back at once: its preferred holder claims it now.
-                self.roles[i].free_since = Some(Instant::now());
                 metrics::counter!(telemetry::PARTITION_MOVES, "cause" => h.cause).increment(1);
                 tracing::info!(role = %name, to = %h.to, cause = h.cause, "handed role over");
             }
             Ok(Err(e)) => self.store_failed("release", &e),
             Err(_) => self.store_failed_msg("release", "timed out"),
         }
-        self.shared.set_handing_over(i, false);
     }
 
     /// Counts a role taken because its last holder left the membership.
