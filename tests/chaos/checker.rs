@@ -1,14 +1,16 @@
 //! The checker: reads every gateway's event log (typed [`Event`] lines) and
 //! the apps' records, and counts violations of the one-holder promise, lost
-//! requests, and per fault kind the longest time without a holder.
+//! requests, and per fault kind the longest time without a holder (and, for
+//! the faults of one etcd member, the new terms and 503s they caused).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use rolegate::events::Event;
 
+use super::backend::Store;
 use super::harness::{EdgeFault, Execution, Fault, FaultKind, Sent};
-use super::{DURATION_MS, GATEWAYS, MARGIN_MS, PARTITIONS, RENEW_MS};
+use super::{GATEWAYS, PARTITIONS};
 use crate::support::intervals::{self, Held, Overlaps};
 
 #[derive(Debug, Default)]
@@ -30,6 +32,10 @@ pub struct Report {
     pub lost: Vec<String>,
     pub faults: BTreeMap<FaultKind, Vec<u64>>,
     pub no_holder_ms: BTreeMap<FaultKind, Vec<u64>>,
+    /// Terms begun while a fault of one etcd member lasted.
+    pub new_terms: BTreeMap<FaultKind, usize>,
+    /// 503 answers to requests sent while a fault of one etcd member lasted.
+    pub answered_503_during: BTreeMap<FaultKind, usize>,
 }
 
 /// A local admission: (instance, role, token, t_ns).
@@ -155,6 +161,7 @@ pub fn check(
     check_executions(&mut r, executions);
     check_requests(&mut r, sent, edge_faults);
     measure_faults(&mut r, &intervals, event_files, faults);
+    measure_member_faults(&mut r, &intervals, sent, faults);
     r
 }
 
@@ -236,7 +243,7 @@ fn measure_faults(
 ) {
     let by_role = intervals::by_role(intervals);
     let starts: Vec<Vec<(u64, String)>> = event_files.iter().map(|f| starts_of(f)).collect();
-    for f in faults {
+    for f in faults.iter().filter(|f| !f.kind.is_member()) {
         r.faults
             .entry(f.kind)
             .or_default()
@@ -273,6 +280,50 @@ fn measure_faults(
     }
 }
 
+/// Per fault of one etcd member (a majority up): the longest time a role
+/// held when it began had no holder before it ended, the terms begun while
+/// it lasted, and the 503s answered to requests sent meanwhile.
+fn measure_member_faults(r: &mut Report, intervals: &[Interval], sent: &[Sent], faults: &[Fault]) {
+    let by_role = intervals::by_role(intervals);
+    for f in faults.iter().filter(|f| f.kind.is_member()) {
+        r.faults
+            .entry(f.kind)
+            .or_default()
+            .push(f.end_ns - f.start_ns);
+        let (a, b) = (f.start_ns, f.end_ns);
+        let mut worst = 0u64;
+        for list in by_role.values() {
+            if !list.iter().any(|i| i.start <= a && a < i.end) {
+                continue;
+            }
+            // Walk the role's intervals (ordered by start): a gap is time
+            // inside [a, b] covered by none of them.
+            let mut covered_to = a;
+            for i in list.iter().filter(|i| i.end > a && i.start < b) {
+                if i.start > covered_to {
+                    worst = worst.max(i.start - covered_to);
+                }
+                covered_to = covered_to.max(i.end);
+            }
+            if covered_to < b {
+                worst = worst.max(b - covered_to);
+            }
+        }
+        r.no_holder_ms
+            .entry(f.kind)
+            .or_default()
+            .push(worst / 1_000_000);
+        *r.new_terms.entry(f.kind).or_default() += intervals
+            .iter()
+            .filter(|i| a <= i.start && i.start <= b)
+            .count();
+        *r.answered_503_during.entry(f.kind).or_default() += sent
+            .iter()
+            .filter(|s| a <= s.start_ns && s.start_ns <= b && s.status == Some(503))
+            .count();
+    }
+}
+
 fn pct(v: &mut [u64], p: f64) -> u64 {
     if v.is_empty() {
         return 0;
@@ -282,9 +333,16 @@ fn pct(v: &mut [u64], p: f64) -> u64 {
     v[idx]
 }
 
-pub fn render(r: &Report, secs: u64) -> String {
+pub fn render(r: &Report, secs: u64, store: Store) -> String {
+    let t = store.timings();
     let mut out = String::new();
-    out.push_str(&format!("Run of {secs} s with {GATEWAYS} gateways, 1 role + {PARTITIONS} partition roles, duration {DURATION_MS} ms, renew {RENEW_MS} ms, margin {MARGIN_MS} ms.\n\n"));
+    if store != Store::Postgres {
+        out.push_str(&format!("Store: {}.\n\n", store.name()));
+    }
+    out.push_str(&format!(
+        "Run of {secs} s with {GATEWAYS} gateways, 1 role + {PARTITIONS} partition roles, duration {} ms, renew {} ms, margin {} ms.\n\n",
+        t.duration_ms, t.renew_ms, t.margin_ms
+    ));
     out.push_str("| measure | value |\n|---|---|\n");
     out.push_str(&format!(
         "| role transitions (held intervals) | {} |\n",
@@ -321,10 +379,10 @@ pub fn render(r: &Report, secs: u64) -> String {
     ));
     out.push_str(&format!("| **lost requests** | **{}** |\n\n", r.lost.len()));
     out.push_str("| fault | injected | longest time without holder (ms) p50 / p99 / max | bound |\n|---|---|---|---|\n");
-    for kind in FaultKind::ALL {
+    for &kind in store.faults() {
         let n = r.faults.get(&kind).map_or(0, |v| v.len());
         let mut v = r.no_holder_ms.get(&kind).cloned().unwrap_or_default();
-        let (what, ms) = kind.bound();
+        let (what, ms) = kind.bound(t);
         let p50 = pct(&mut v, 0.5);
         let p99 = pct(&mut v, 0.99);
         let max = v.iter().copied().max().unwrap_or(0);
@@ -332,6 +390,24 @@ pub fn render(r: &Report, secs: u64) -> String {
             "| {} | {n} | {p50} / {p99} / {max} | {what}: {ms} ms |\n",
             kind.name()
         ));
+    }
+    let members: Vec<FaultKind> = store
+        .faults()
+        .iter()
+        .copied()
+        .filter(|k| k.is_member())
+        .collect();
+    if !members.is_empty() {
+        out.push_str("\n| fault of one member (a majority up) | injected | new terms while it lasted | 503s answered while it lasted |\n|---|---|---|---|\n");
+        for kind in members {
+            let n = r.faults.get(&kind).map_or(0, |v| v.len());
+            let terms = r.new_terms.get(&kind).copied().unwrap_or(0);
+            let answered_503 = r.answered_503_during.get(&kind).copied().unwrap_or(0);
+            out.push_str(&format!(
+                "| {} | {n} | {terms} | {answered_503} |\n",
+                kind.name()
+            ));
+        }
     }
     if !r.stale_executions.is_empty() {
         out.push_str("\nStale-token executions (first 5):\n\n");

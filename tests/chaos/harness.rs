@@ -1,6 +1,7 @@
-//! The harness: PostgreSQL, gateways (`rolegate run --events`) each behind
-//! its own fault proxy, recording apps, steady client load, and random
-//! faults one at a time, with a record of what was sent and injected.
+//! The harness: the store (PostgreSQL, or a 3-member etcd cluster), gateways
+//! (`rolegate run --events`; on PostgreSQL each behind its own fault proxy),
+//! recording apps, steady client load, and random faults one at a time,
+//! with a record of what was sent and injected.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,10 +18,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rolegate::events::monotonic_ns;
 
+use super::backend::{self, Servers, Store, Timings};
 use super::fault_proxy::{FaultProxy, BLACKHOLE, DELAY, PASS};
-use super::{DURATION_MS, GATEWAYS, MARGIN_MS, PARTITIONS, RENEW_MS};
+use super::{GATEWAYS, PARTITIONS};
+use crate::support;
 use crate::support::cluster::{self, TestApp};
-use crate::support::{self, PrivatePostgres};
 
 // ---------------------------------------------------------------------------
 // Settings.
@@ -62,7 +64,8 @@ pub struct Gateway {
     /// Set while the process is killed, stopped or restarting: requests to it
     /// may fail for that reason alone.
     pub faulted: Arc<AtomicBool>,
-    pub proxy: FaultProxy,
+    /// The proxy between the gateway and PostgreSQL (none on etcd).
+    pub proxy: Option<FaultProxy>,
 }
 
 impl Drop for Gateway {
@@ -159,7 +162,12 @@ impl Gateway {
     }
 }
 
-fn config_text(port: u16, admin: u16, app: u16, pg_port: u16, table: &str, n: usize) -> String {
+fn config_text(port: u16, admin: u16, app: u16, store: &str, t: Timings, n: usize) -> String {
+    let Timings {
+        duration_ms,
+        renew_ms,
+        margin_ms,
+    } = t;
     format!(
         r#"instance:
   name: chaos{n}
@@ -167,14 +175,10 @@ listen: 127.0.0.1:{port}
 admin_listen: 127.0.0.1:{admin}
 upstream:
   url: http://127.0.0.1:{app}
-store:
-  kind: postgres
-  url: postgres://postgres@127.0.0.1:{pg_port}/postgres
-  table: {table}
-lease:
-  duration: {DURATION_MS}ms
-  renew_interval: {RENEW_MS}ms
-  safety_margin: {MARGIN_MS}ms
+{store}lease:
+  duration: {duration_ms}ms
+  renew_interval: {renew_ms}ms
+  safety_margin: {margin_ms}ms
 roles:
   - name: maintenance
 partitions:
@@ -208,10 +212,13 @@ pub enum FaultKind {
     PgFreeze,
     Latency,
     Blackhole,
+    MemberKill,
+    MemberPause,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    /// The faults of a run on PostgreSQL.
+    pub const POSTGRES: [FaultKind; 8] = [
         FaultKind::Kill,
         FaultKind::Pause,
         FaultKind::Term,
@@ -220,6 +227,17 @@ impl FaultKind {
         FaultKind::PgFreeze,
         FaultKind::Latency,
         FaultKind::Blackhole,
+    ];
+
+    /// The faults of a run on a 3-member etcd cluster: the gateway faults,
+    /// and one member killed or frozen at a time (a majority stays up).
+    pub const ETCD_CLUSTER: [FaultKind; 6] = [
+        FaultKind::Kill,
+        FaultKind::Pause,
+        FaultKind::Term,
+        FaultKind::Restart,
+        FaultKind::MemberKill,
+        FaultKind::MemberPause,
     ];
 
     pub fn name(self) -> &'static str {
@@ -232,19 +250,30 @@ impl FaultKind {
             FaultKind::PgFreeze => "PostgreSQL frozen (SIGSTOP)",
             FaultKind::Latency => "+400 ms latency gateway↔PostgreSQL",
             FaultKind::Blackhole => "blackhole gateway↔PostgreSQL",
+            FaultKind::MemberKill => "kill -9 of one etcd member (the leader half the time)",
+            FaultKind::MemberPause => "SIGSTOP of one etcd member (the leader half the time)",
         }
     }
 
-    /// The bound the failover (or fail-closed) time is compared with.
-    pub fn bound(self) -> (&'static str, u64) {
+    /// Faults of one etcd member, with a majority up.
+    pub fn is_member(self) -> bool {
+        matches!(self, FaultKind::MemberKill | FaultKind::MemberPause)
+    }
+
+    /// The bound the failover (or fail-closed, or no-holder) time is
+    /// compared with.
+    pub fn bound(self, t: Timings) -> (&'static str, u64) {
         match self {
             FaultKind::Term | FaultKind::Restart => ("≈ one store round trip (handover)", 100),
             FaultKind::Kill | FaultKind::Pause => {
-                ("duration + renew interval", DURATION_MS + RENEW_MS)
+                ("duration + renew interval", t.duration_ms + t.renew_ms)
+            }
+            FaultKind::MemberKill | FaultKind::MemberPause => {
+                ("no role without holder, no new term", 0)
             }
             _ => (
                 "fail closed within duration − margin",
-                DURATION_MS - MARGIN_MS,
+                t.duration_ms - t.margin_ms,
             ),
         }
     }
@@ -285,19 +314,20 @@ pub type Execution = (usize, String, u64, u64);
 // ---------------------------------------------------------------------------
 // The cluster.
 
-/// PostgreSQL, the apps and the gateways in front of them. Fields drop in
-/// order: gateways first, PostgreSQL last.
+/// The store, the apps and the gateways in front of them. Fields drop in
+/// order: gateways first, the store last.
 pub struct Rig {
     pub gws: Vec<Gateway>,
     apps: Vec<TestApp>,
-    pg: Arc<PrivatePostgres>,
+    pub store: Store,
+    servers: Servers,
 }
 
 impl Rig {
-    /// Starts PostgreSQL, `GATEWAYS` apps and a gateway in front of each
+    /// Starts the store, `GATEWAYS` apps and a gateway in front of each
     /// (reaching PostgreSQL through its own fault proxy); files go to `dir`.
-    pub async fn start(dir: &Path) -> Rig {
-        let pg = Arc::new(PrivatePostgres::start());
+    pub async fn start(dir: &Path, store: Store) -> Rig {
+        let servers = Servers::start(store).await;
         std::fs::create_dir_all(dir).unwrap();
         let table = support::unique_table("chaos");
         let bin = dir.join("rolegate");
@@ -308,14 +338,18 @@ impl Rig {
         }
         let mut gws = Vec::new();
         for (n, app) in apps.iter().enumerate() {
-            let (proxy, proxy_port) = FaultProxy::start(pg.port).await;
+            let (proxy, proxy_port) = match servers.pg_port() {
+                Some(pg_port) => {
+                    let (proxy, port) = FaultProxy::start(pg_port).await;
+                    (Some(proxy), Some(port))
+                }
+                None => (None, None),
+            };
             let (port, admin) = (support::free_port(), support::free_port());
             let config = dir.join(format!("gw{n}.yaml"));
-            std::fs::write(
-                &config,
-                config_text(port, admin, app.port, proxy_port, &table, n),
-            )
-            .unwrap();
+            let store_yaml = servers.store_yaml(n, &table, proxy_port).await;
+            let text = config_text(port, admin, app.port, &store_yaml, store.timings(), n);
+            std::fs::write(&config, text).unwrap();
             let mut g = Gateway {
                 bin: bin.clone(),
                 n,
@@ -331,7 +365,12 @@ impl Rig {
             g.wait_up().await;
             gws.push(g);
         }
-        Rig { gws, apps, pg }
+        Rig {
+            gws,
+            apps,
+            store,
+            servers,
+        }
     }
 
     /// Stops every gateway gracefully (killing those that do not exit).
@@ -493,16 +532,17 @@ pub async fn inject_faults(
     let mut round = 0usize;
     while Instant::now() < t_end {
         round += 1;
-        let kind = FaultKind::ALL[if round <= FaultKind::ALL.len() {
+        let kinds = rig.store.faults();
+        let kind = kinds[if round <= kinds.len() {
             round - 1
         } else {
-            rng.gen_range(0..FaultKind::ALL.len())
+            rng.gen_range(0..kinds.len())
         }];
         // The gateway holding the most roles is the "holder".
         let holder = rig.holder().await;
         let start_ns = monotonic_ns();
         let victim = kind.targets_holder().then_some(holder);
-        let target = inject(rig, kind, holder).await.or(victim);
+        let target = inject(rig, kind, holder, rng).await.or(victim);
         let end_ns = monotonic_ns();
         if let Some(v) = victim {
             // Requests whose own gateway was killed, paused or restarted may be cut.
@@ -518,20 +558,21 @@ pub async fn inject_faults(
             end_ns,
         });
         // Let the cluster settle between faults.
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(800..1_800))).await;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(rig.store.settle_ms()))).await;
     }
     (faults, edge_faults)
 }
 
 /// Injects one fault and lifts it again; returns the gateway a network fault
 /// hit (holder faults and PostgreSQL faults return None).
-async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize) -> Option<usize> {
+async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize, rng: &mut StdRng) -> Option<usize> {
+    let t = rig.store.timings();
     match kind {
         FaultKind::Kill => {
             let g = &mut rig.gws[holder];
             g.faulted.store(true, Ordering::SeqCst);
             g.kill();
-            tokio::time::sleep(Duration::from_millis(DURATION_MS + 500)).await;
+            tokio::time::sleep(Duration::from_millis(t.duration_ms + 500)).await;
             g.spawn();
             g.wait_up().await;
             g.faulted.store(false, Ordering::SeqCst);
@@ -540,7 +581,7 @@ async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize) -> Option<usize> 
             let g = &rig.gws[holder];
             g.faulted.store(true, Ordering::SeqCst);
             g.signal("STOP");
-            tokio::time::sleep(Duration::from_millis(DURATION_MS * 3 / 2)).await;
+            tokio::time::sleep(Duration::from_millis(t.duration_ms * 3 / 2)).await;
             g.signal("CONT");
             tokio::time::sleep(Duration::from_millis(300)).await;
             g.faulted.store(false, Ordering::SeqCst);
@@ -556,21 +597,26 @@ async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize) -> Option<usize> 
             g.wait_up().await;
             g.faulted.store(false, Ordering::SeqCst);
         }
+        FaultKind::PgStop | FaultKind::PgFreeze | FaultKind::Latency | FaultKind::Blackhole
+            if rig.servers.pg().is_none() =>
+        {
+            panic!("{kind:?} needs PostgreSQL");
+        }
         FaultKind::PgStop => {
-            let p = rig.pg.clone();
+            let p = pg(rig);
             tokio::task::spawn_blocking(move || p.stop_server())
                 .await
                 .unwrap();
             tokio::time::sleep(Duration::from_millis(1_500)).await;
-            let p = rig.pg.clone();
+            let p = pg(rig);
             tokio::task::spawn_blocking(move || p.start_server())
                 .await
                 .unwrap();
         }
         FaultKind::PgFreeze => {
-            rig.pg.signal_all("STOP");
+            pg(rig).signal_all("STOP");
             tokio::time::sleep(Duration::from_millis(1_500)).await;
-            rig.pg.signal_all("CONT");
+            pg(rig).signal_all("CONT");
         }
         FaultKind::Latency | FaultKind::Blackhole => {
             let (mode, delay_ms) = if kind == FaultKind::Latency {
@@ -578,12 +624,22 @@ async fn inject(rig: &mut Rig, kind: FaultKind, holder: usize) -> Option<usize> 
             } else {
                 (BLACKHOLE, 0)
             };
-            let proxy = &rig.gws[holder].proxy;
-            proxy.set(mode, delay_ms);
-            tokio::time::sleep(Duration::from_millis(2_000)).await;
-            proxy.set(PASS, 0);
+            if let Some(proxy) = &rig.gws[holder].proxy {
+                proxy.set(mode, delay_ms);
+                tokio::time::sleep(Duration::from_millis(2_000)).await;
+                proxy.set(PASS, 0);
+            }
             return Some(holder);
         }
+        FaultKind::MemberKill | FaultKind::MemberPause => match &rig.servers {
+            Servers::Etcd(cluster) => backend::member_fault(cluster, kind, rng).await,
+            Servers::Postgres(_) => panic!("{kind:?} needs an etcd cluster"),
+        },
     }
     None
+}
+
+/// The run's PostgreSQL (only PostgreSQL faults call this).
+fn pg(rig: &Rig) -> Arc<crate::support::PrivatePostgres> {
+    rig.servers.pg().cloned().expect("a PostgreSQL run")
 }
