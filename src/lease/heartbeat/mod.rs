@@ -54,6 +54,8 @@ pub(super) struct HeartbeatLoop {
     ended: Vec<(usize, HeldTerm)>,
     loaded: bool,
     store_ok: bool,
+    /// Whether the last snapshot read succeeded (readiness counts from it).
+    read_ok: bool,
     /// When the last store round trip that succeeded was sent (readiness).
     last_ok_sent: Option<Instant>,
     registered: bool,
@@ -88,6 +90,7 @@ impl HeartbeatLoop {
             ended: Vec::new(),
             loaded: false,
             store_ok: false,
+            read_ok: false,
             last_ok_sent: None,
             registered: false,
             registered_ticks: 0,
@@ -123,6 +126,11 @@ impl HeartbeatLoop {
             if !self.store_ok {
                 // Retry sooner while the store is failing, but not in a hot loop.
                 next = now + (self.shared.tick_every() / 2).max(Duration::from_millis(50));
+            } else if !self.read_ok {
+                // The store failed the read but answered the claim: it is back
+                // (an etcd quorum returning). Read it again soon, so readiness
+                // and the holder view return within a fraction of a tick.
+                next = now + (self.shared.tick_every() / 10).max(Duration::from_millis(50));
             }
             if self.shared.is_candidate() {
                 for r in &self.roles {
@@ -279,6 +287,7 @@ impl HeartbeatLoop {
                 .await;
         let t_recv = Instant::now();
         Self::record_latency("snapshot", t_sent);
+        self.read_ok = matches!(result, Ok(Ok(_)));
         let records = match result {
             Ok(Ok(records)) => records,
             Ok(Err(e)) => return self.store_failed("snapshot", &e),
