@@ -324,11 +324,20 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>,
 }
 
 /// One member of a balanced partition, on `store`.
-fn member(store: &Arc<dyn LeaseStore>, partition: &str, n: u32, t: LeaseTimings) -> Coordinator {
+/// Its held intervals go to `log`, so handovers are checked for overlaps.
+fn member(
+    store: &Arc<dyn LeaseStore>,
+    partition: &str,
+    n: u32,
+    t: LeaseTimings,
+    log: &EventLog,
+) -> Coordinator {
+    let log = log.clone();
     CoordinatorBuilder::new(store.clone())
         .instance_name("bal")
         .advertise(format!("http://127.0.0.1:{}", support::free_port()))
         .partition(partition, n, t)
+        .on_lease_event(move |e| log.push(e))
         .start()
         .unwrap()
 }
@@ -375,16 +384,18 @@ async fn partitions_spread_evenly_and_settle_through_joins_leaves_and_crashes(
 ) {
     let p = support::unique_table("bal");
     let bound = t.renew_interval * 2 + t.renew_interval * 6 + Duration::from_secs(2);
-    let mut cs: Vec<Coordinator> = (0..3).map(|_| member(&store, &p, 12, t)).collect();
+    let log = EventLog::default();
+    let mut cs: Vec<Coordinator> = (0..3).map(|_| member(&store, &p, 12, t, &log)).collect();
     settles(&cs, &[4, 4, 4], bound, "three members").await;
     cs.remove(0).shutdown().await;
     settles(&cs, &[6, 6], bound, "after a graceful leave").await;
-    cs.push(member(&store, &p, 12, t));
+    cs.push(member(&store, &p, 12, t, &log));
     settles(&cs, &[4, 4, 4], bound, "after a join").await;
     let crashed = cs.remove(0);
     crashed.abort();
+    log.close_aborted(&crashed);
     settles(&cs, &[6, 6], bound + t.duration * 2, "after a crash").await;
-    cs.push(member(&store, &p, 12, t));
+    cs.push(member(&store, &p, 12, t, &log));
     settles(&cs, &[4, 4, 4], bound, "after a rejoin").await;
     // Steady: no term changes anywhere for a while.
     tokio::time::sleep(t.renew_interval * 2).await;
@@ -395,6 +406,8 @@ async fn partitions_spread_evenly_and_settle_through_joins_leaves_and_crashes(
     for c in cs {
         c.shutdown().await;
     }
+    // Every handover ended one holder's belief before the next one's began.
+    log.check();
 }
 
 macro_rules! coordinator_suite {
@@ -777,16 +790,17 @@ async fn a_rolling_restart_moves_o_n_roles_not_o_n_times_c() {
     let (t, n) = (TIMINGS, 24);
     let p = support::unique_table("roll");
     let bound = t.renew_interval * 16 + Duration::from_secs(3);
+    let log = EventLog::default();
     let mut cs = Vec::new();
     for _ in 0..4 {
-        cs.push(member(&own_pg(&table).await, &p, n, t));
+        cs.push(member(&own_pg(&table).await, &p, n, t, &log));
     }
     settles(&cs, &[6, 6, 6, 6], bound, "four members").await;
     let before = terms(&cs);
     for k in 0..4 {
         cs.remove(0).shutdown().await;
         settles(&cs, &[8, 8, 8], bound, &format!("restart {k}: stopped")).await;
-        cs.push(member(&own_pg(&table).await, &p, n, t));
+        cs.push(member(&own_pg(&table).await, &p, n, t, &log));
         settles(&cs, &[6, 6, 6, 6], bound, &format!("restart {k}: back")).await;
     }
     let moves = terms(&cs) - before;
@@ -798,6 +812,7 @@ async fn a_rolling_restart_moves_o_n_roles_not_o_n_times_c() {
     for c in cs {
         c.shutdown().await;
     }
+    log.check();
 }
 
 /// Settled, a balanced cluster makes no move for a whole minute.
@@ -805,9 +820,10 @@ async fn a_rolling_restart_moves_o_n_roles_not_o_n_times_c() {
 async fn a_steady_balanced_cluster_makes_no_moves_for_a_minute() {
     let table = support::unique_table("steady");
     let p = support::unique_table("steady");
+    let log = EventLog::default();
     let mut cs = Vec::new();
     for _ in 0..3 {
-        cs.push(member(&own_pg(&table).await, &p, 12, TIMINGS));
+        cs.push(member(&own_pg(&table).await, &p, 12, TIMINGS, &log));
     }
     settles(&cs, &[4, 4, 4], Duration::from_secs(10), "three members").await;
     tokio::time::sleep(TIMINGS.renew_interval * 4).await;
