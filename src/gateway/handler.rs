@@ -20,7 +20,7 @@ use crate::proxy::headers::{ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
-use crate::proxy::{failure_problem, Forwarder, KeyExtractor, NextHop, Settled};
+use crate::proxy::{failure_problem, Forwarder, HopProtocol, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
 
 /// Everything a request needs, shared by all connections.
@@ -28,6 +28,7 @@ pub(crate) struct GatewayState {
     routes: RouteTable<GateTarget>,
     settings: GateSettings,
     upstream: String,
+    upstream_protocol: HopProtocol,
     /// `--events`: local admissions are logged here.
     events: Option<Arc<EventLog>>,
 }
@@ -58,10 +59,10 @@ impl GatewayState {
             };
             routes.add(&r.prefixes, target);
         }
-        let upstream = config
+        let (upstream, upstream_protocol) = config
             .upstream
             .as_ref()
-            .map(|u| u.url.clone())
+            .map(|u| (u.url.clone(), u.protocol))
             .ok_or(GatewayError::NoUpstream)?;
         Ok(Self {
             routes,
@@ -74,6 +75,7 @@ impl GatewayState {
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
             },
             upstream,
+            upstream_protocol,
             events,
         })
     }
@@ -94,7 +96,7 @@ impl GatewayState {
             );
             return finish(resp, Outcome::Passthrough, None);
         }
-        if let Some(problem) = refuse_request(&req) {
+        if let Some(problem) = authority_to_host(&mut req).or_else(|| refuse_request(&req)) {
             let (resp, outcome) = self.settings.reject(problem);
             return finish(resp, outcome, None);
         }
@@ -172,7 +174,9 @@ impl GatewayState {
             None => Outcome::Passthrough,
         };
         let started = std::time::Instant::now();
-        let answer = self.settings.forwarder.proxy(req, &self.upstream).await;
+        let answer = (self.settings.forwarder)
+            .proxy_over(req, &self.upstream, self.upstream_protocol)
+            .await;
         telemetry::request_metrics()
             .forward_upstream
             .record(started.elapsed().as_secs_f64());
@@ -186,6 +190,46 @@ impl GatewayState {
                 self.settings.reject(p)
             }
         }
+    }
+}
+
+/// An HTTP/2 request names its authority in `:authority`; the app behind
+/// may speak HTTP/1.1 and read `Host`. So `Host` is filled from
+/// `:authority`, and a request whose two differ (compared ignoring ASCII
+/// case), or whose authority carries user information, is refused: the
+/// gateway and the app must not see two different hosts.
+fn authority_to_host(req: &mut Request<Body>) -> Option<Problem> {
+    if req.version() != http::Version::HTTP_2 {
+        return None;
+    }
+    // An HTTP/2 client always takes trailers (gRPC needs them), so the next
+    // hop may send them even when it speaks HTTP/1.1.
+    req.headers_mut()
+        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    let Some(authority) = authority else {
+        return None; // refuse_request wants a Host, as for HTTP/1.1
+    };
+    if authority.contains('@') || authority.is_empty() {
+        return Some(Problem::new(
+            Reason::BadRequest,
+            ":authority may not carry user information",
+        ));
+    }
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => {
+            let value = http::HeaderValue::from_str(&authority).ok()?;
+            req.headers_mut().insert(http::header::HOST, value);
+            None
+        }
+        (Some(h), None) if h.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) => None,
+        (Some(_), None) => Some(Problem::new(
+            Reason::BadRequest,
+            "Host and :authority name different hosts",
+        )),
+        // Two Host fields: refuse_request answers.
+        (Some(_), Some(_)) => None,
     }
 }
 
@@ -206,7 +250,11 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
         ));
     }
     let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let http11 = req.version() == http::Version::HTTP_11;
+    // An HTTP/2 request got its Host from `:authority` above.
+    let http11 = matches!(
+        req.version(),
+        http::Version::HTTP_11 | http::Version::HTTP_2
+    );
     match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => {
             return Some(Problem::new(
@@ -217,7 +265,7 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
         (None, _) if http11 => {
             return Some(Problem::new(
                 Reason::BadRequest,
-                "an HTTP/1.1 request needs a Host field",
+                "an HTTP/1.1 request needs a Host field (HTTP/2: :authority)",
             ))
         }
         (Some(h), None) if http11 && h.is_empty() => {

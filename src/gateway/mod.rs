@@ -60,6 +60,7 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     let limits = ServeLimits {
         max_connections: connection_limit(&config),
         idle_timeout: config.proxy.idle_timeout,
+        http2: config.proxy.http2,
     };
     // Metrics first, so every handle created below reports to the recorder.
     let metrics = install_metrics();
@@ -211,6 +212,7 @@ fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), Gatewa
             coordinator.clone(),
             probe,
             upstream.url.clone(),
+            upstream.protocol,
             health,
         ));
     }

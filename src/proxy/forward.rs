@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
+use super::h2pool::{BoxError, H2Failure, H2Pool};
 use super::headers::{
     add_forwarding, is_upgrade_request, strip_hop_by_hop, strip_rolegate,
     strip_untrusted_forwarding, upgrade_allowed,
@@ -33,13 +34,13 @@ const PROBE_BODY_LIMIT: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     /// No connection could be made (refused, unreachable, connect timeout).
-    #[error("cannot connect to {target}: {}", error_chain(source))]
+    #[error("cannot connect to {target}: {}", error_chain(source.as_ref()))]
     Connect {
         /// The base URL.
         target: String,
         /// What the client reported.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// The response head did not come within `response_header_timeout`.
     #[error("no response head from {target} within {after:?}")]
@@ -50,13 +51,13 @@ pub enum ForwardError {
         after: Duration,
     },
     /// The exchange broke after connecting.
-    #[error("request to {target} failed: {}", error_chain(source))]
+    #[error("request to {target} failed: {}", error_chain(source.as_ref()))]
     Failed {
         /// The base URL.
         target: String,
         /// What the client reported.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// The next hop answered 101 to a request that asked for no upgrade.
     #[error("{target} switched protocols unasked")]
@@ -85,10 +86,26 @@ pub enum ForwardError {
 /// Default `proxy.idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// The pooled client every forwarded request goes through.
+/// How a hop is spoken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HopProtocol {
+    /// HTTP/1.1 over pooled connections (the default).
+    #[default]
+    Http1,
+    /// HTTP/2: h2c with prior knowledge to an `http://` address, h2 by ALPN
+    /// to an `https://` one; one multiplexed connection per address carries
+    /// every request. Upgrade requests (WebSocket) still go over HTTP/1.1.
+    Http2,
+}
+
+type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
+
+/// The pooled clients every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: PooledClient,
+    /// HTTP/2: one multiplexed connection per address.
+    h2: H2Pool,
     response_header_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -110,20 +127,28 @@ impl Forwarder {
         http.set_nodelay(true);
         http.enforce_http(false);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
+        let h1 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(provider.clone())
             .map_err(ForwardError::Tls)?
             .https_or_http()
             .enable_http1()
+            .wrap_connector(http.clone());
+        let h2 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(provider)
+            .map_err(ForwardError::Tls)?
+            .https_or_http()
+            .enable_http2()
             .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(256)
             .timer(TokioTimer::new())
-            .build(https);
+            .build(h1);
+        let h2 = H2Pool::new(h2, connect_timeout);
         Ok(Self {
             client,
+            h2,
             response_header_timeout,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         })
@@ -135,19 +160,20 @@ impl Forwarder {
         self
     }
 
-    /// A GET of `url`: true for a 2xx answer within `timeout` (health probes).
-    pub async fn probe(&self, url: &str, timeout: Duration) -> bool {
+    /// A GET of `url` over `protocol`: true for a 2xx answer within
+    /// `timeout` (health probes).
+    pub async fn probe(&self, url: &str, protocol: HopProtocol, timeout: Duration) -> bool {
         let Ok(uri) = url.parse::<Uri>() else {
             return false;
         };
-        let Ok(req) = Request::get(uri)
+        let Ok(req) = Request::get(uri.clone())
             .header(header::USER_AGENT, "rolegate-health")
             .body(Body::empty())
         else {
             return false;
         };
         let answer = tokio::time::timeout(timeout, async {
-            let resp = self.client.request(req).await.ok()?;
+            let resp = self.send(req, &base_of(&uri)?, protocol).await.ok()?;
             let ok = resp.status().is_success();
             // Drain the body frame by frame (never held whole) so the
             // connection returns to the pool; give up on a huge one.
@@ -171,8 +197,38 @@ impl Forwarder {
     /// when both sides switch.
     pub async fn proxy(
         &self,
+        req: Request<Body>,
+        base: &str,
+    ) -> Result<Response<Body>, ForwardError> {
+        self.proxy_over(req, base, HopProtocol::Http1).await
+    }
+
+    /// One exchange over `protocol`; `req`'s URI is `base` + path.
+    async fn send(
+        &self,
+        req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<hyper::body::Incoming>, H2Failure> {
+        match protocol {
+            HopProtocol::Http1 => self.client.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    H2Failure::Connect(Box::new(e))
+                } else {
+                    H2Failure::Exchange(Box::new(e))
+                }
+            }),
+            HopProtocol::Http2 => self.h2.send(base, req).await,
+        }
+    }
+
+    /// [`Forwarder::proxy`] over `protocol`. An upgrade request always goes
+    /// over HTTP/1.1, the only version that upgrades a connection.
+    pub async fn proxy_over(
+        &self,
         mut req: Request<Body>,
         base: &str,
+        protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
         let path = req
             .uri()
@@ -187,13 +243,21 @@ impl Forwarder {
                     source,
                 })?;
         *req.uri_mut() = target;
-        *req.version_mut() = http::Version::HTTP_11;
         let upgrade = is_upgrade_request(req.headers());
+        let protocol = if upgrade {
+            HopProtocol::Http1
+        } else {
+            protocol
+        };
+        *req.version_mut() = match protocol {
+            HopProtocol::Http1 => http::Version::HTTP_11,
+            HopProtocol::Http2 => http::Version::HTTP_2,
+        };
         let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
         let watch = Arc::new(BodyWatch::default());
         let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let send = self.client.request(req);
+        let send = self.send(req, base, protocol);
         let head_deadline = async {
             watch.ended().await;
             tokio::time::sleep(self.response_header_timeout).await;
@@ -212,13 +276,13 @@ impl Forwarder {
             Some(Err(_)) if watch.failed.load(Ordering::Acquire) => {
                 return Err(ForwardError::ClientBody)
             }
-            Some(Err(e)) if e.is_connect() => {
+            Some(Err(H2Failure::Connect(source))) => {
                 return Err(ForwardError::Connect {
                     target: base.to_string(),
-                    source: e,
+                    source,
                 });
             }
-            Some(Err(source)) => {
+            Some(Err(H2Failure::Exchange(source))) => {
                 return Err(ForwardError::Failed {
                     target: base.to_string(),
                     source,
@@ -360,6 +424,11 @@ impl http_body::Body for WatchedBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// `scheme://authority` of an absolute URI.
+fn base_of(uri: &Uri) -> Option<String> {
+    Some(format!("{}://{}", uri.scheme_str()?, uri.authority()?))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
