@@ -18,7 +18,7 @@ use crate::proxy::forward::{prepare_headers, sanitize_headers};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
 use crate::proxy::headers::{ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
-use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{failure_problem, Forwarder, HopProtocol, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
@@ -73,6 +73,7 @@ impl GatewayState {
                 forwarder,
                 upgrades: config.proxy.upgrades.clone().into(),
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
+                peer_protocol: HopProtocol::Http1,
             },
             upstream,
             upstream_protocol,
@@ -87,6 +88,7 @@ impl GatewayState {
         client: SocketAddr,
     ) -> Response<Body> {
         let mut req = req.map(Body::new);
+        let grpc = is_grpc(req.headers());
         if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
             // A server-wide capability probe: answered here, gating nothing.
             let mut resp = Response::new(Body::empty());
@@ -94,11 +96,11 @@ impl GatewayState {
                 http::header::ALLOW,
                 http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
             );
-            return finish(resp, Outcome::Passthrough, None);
+            return finish(grpc, resp, Outcome::Passthrough, None);
         }
         if let Some(problem) = authority_to_host(&mut req).or_else(|| refuse_request(&req)) {
             let (resp, outcome) = self.settings.reject(problem);
-            return finish(resp, outcome, None);
+            return finish(grpc, resp, outcome, None);
         }
         let target = match self.routes.find(req.uri().path()) {
             Ok(target) => target,
@@ -108,14 +110,14 @@ impl GatewayState {
                     RouteError::BadPath(_) => Reason::BadRequest,
                 };
                 let (resp, outcome) = self.settings.reject(Problem::new(reason, e.to_string()));
-                return finish(resp, outcome, None);
+                return finish(grpc, resp, outcome, None);
             }
         };
         let Some(target) = target else {
             // Remember a verified hop (its forwarding fields are trusted).
             self.settings.take_hop(&mut req);
             let (resp, outcome) = self.to_upstream(req, client, None).await;
-            return finish(resp, outcome, None);
+            return finish(grpc, resp, outcome, None);
         };
         let forwarded = self.settings.take_hop(&mut req);
         // Decide on the headers the app will see.
@@ -139,7 +141,7 @@ impl GatewayState {
                     .to_upstream(req, client, Some((lease.role, lease.token)))
                     .await;
                 // The work counts as running until its body has streamed.
-                return finish(resp, outcome, Some(Box::new(work)));
+                return finish(grpc, resp, outcome, Some(Box::new(work)));
             }
             Settled::Answered(resp, outcome) => (resp, outcome),
         };
@@ -148,7 +150,7 @@ impl GatewayState {
             status = resp.status().as_u16(),
             "role route answered"
         );
-        finish(resp, outcome, None)
+        finish(grpc, resp, outcome, None)
     }
 
     async fn to_upstream(
@@ -300,6 +302,7 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
 
 /// Counts the outcome and tracks the body while it streams.
 fn finish(
+    grpc: bool,
     resp: Response<Body>,
     outcome: Outcome,
     hold: Option<Box<dyn Send + Sync>>,
@@ -311,6 +314,11 @@ fn finish(
         Outcome::Rejected(r) => r.as_str(),
     };
     telemetry::request_metrics().count(label);
+    // A gRPC client gets the gateway's own refusals as a gRPC status.
+    let resp = match outcome {
+        Outcome::Rejected(_) if grpc => grpc_answer(resp),
+        _ => resp,
+    };
     if resp.body().is_end_stream() {
         return resp;
     }
