@@ -371,7 +371,10 @@ impl Rig {
     /// Two apps of `kind`, two gateways started together (so the partitions
     /// may spread), every lease held and known to both.
     async fn start(kind: Kind, tag: &str) -> Rig {
-        let spec = ClusterSpec::postgres(tag);
+        Self::start_with(kind, ClusterSpec::postgres(tag)).await
+    }
+
+    async fn start_with(kind: Kind, spec: ClusterSpec) -> Rig {
         let apps = vec![
             App::start(kind, "app0").await,
             App::start(kind, "app1").await,
@@ -452,72 +455,108 @@ enum Expect {
     LocalUngated,
 }
 
+/// What the non-holder's gateway answered to one attack.
+struct Answer {
+    /// The status, or 0 when HTTP/2 reset the stream or sent GOAWAY instead.
+    status: u16,
+    x_app: Option<String>,
+    /// First line of the answer, for failure messages.
+    shown: String,
+}
+
 /// Sends each attack (request head, expectation) to the non-holder and checks
 /// the guarantee from both apps' records. Returns one line per violation.
 async fn run_attacks(rig: &Rig, role: &str, attacks: &[(Expect, String)]) -> Vec<String> {
     let (lease_holder, token) = rig.lease(role).await;
     assert_eq!(lease_holder, rig.holder);
-    let (holder, other) = (&rig.apps[rig.holder], &rig.apps[rig.other]);
     let mut failures = Vec::new();
     for (i, (expect, head)) in attacks.iter().enumerate() {
         let id = format!("a{i:02}");
         let resp = raw_exchange(rig.gws[rig.other].port, &tagged_request(head, &id)).await;
-        let status = status_of(&resp);
-        let x_app = header_of(&resp, "x-app");
-        let at_holder = holder.tagged(&id);
-        let at_other = other.tagged(&id);
-        let shown = head.lines().next().unwrap_or_default();
-        eprintln!(
-            "{id} {shown:<50} -> {status} x-app={x_app:?} holder={} other={}",
-            at_holder.len(),
-            at_other.len()
-        );
-        let mut fail = |why: String| {
-            failures.push(format!(
-                "{id} `{}`: {why}; response: {}",
-                head.escape_debug(),
-                first_line(&resp)
-            ))
+        let answer = Answer {
+            status: status_of(&resp),
+            x_app: header_of(&resp, "x-app"),
+            shown: first_line(&resp).to_string(),
         };
-        // The guarantee, whatever was expected.
-        for s in &at_other {
-            if s.gated() || s.role.is_some() || s.token.is_some() || s.environ_role.is_some() {
-                fail(format!("EXECUTED BY THE NON-HOLDER'S APP: {s:?}"));
-            }
+        let what = head.lines().next().unwrap_or_default();
+        failures.extend(judge(
+            rig,
+            (role, token),
+            &id,
+            what,
+            *expect,
+            &answer,
+            false,
+        ));
+    }
+    failures
+}
+
+/// Checks one attack's outcome against both apps' records: the guarantee
+/// whatever was expected, then the expected outcome. `reset_refuses`: a
+/// stream reset or GOAWAY (HTTP/2) counts as the gateway refusing.
+fn judge(
+    rig: &Rig,
+    (role, token): (&str, u64),
+    id: &str,
+    what: &str,
+    expect: Expect,
+    answer: &Answer,
+    reset_refuses: bool,
+) -> Vec<String> {
+    let (holder, other) = (&rig.apps[rig.holder], &rig.apps[rig.other]);
+    let (status, x_app) = (answer.status, answer.x_app.as_deref());
+    let at_holder = holder.tagged(id);
+    let at_other = other.tagged(id);
+    eprintln!(
+        "{id} {what:<50} -> {status} x-app={x_app:?} holder={} other={}",
+        at_holder.len(),
+        at_other.len()
+    );
+    let mut failures = Vec::new();
+    let mut fail = |why: String| {
+        failures.push(format!(
+            "{id} `{}`: {why}; response: {}",
+            what.escape_debug(),
+            answer.shown
+        ))
+    };
+    for s in &at_other {
+        if s.gated() || s.role.is_some() || s.token.is_some() || s.environ_role.is_some() {
+            fail(format!("EXECUTED BY THE NON-HOLDER'S APP: {s:?}"));
         }
-        for s in &at_holder {
-            if s.gated() && (s.role.as_deref() != Some(role) || s.token != Some(token.to_string()))
-            {
-                fail(format!(
-                    "gated handler at the holder without the gateway's role/token: {s:?}"
-                ));
-            }
+    }
+    for s in &at_holder {
+        if s.gated() && (s.role.as_deref() != Some(role) || s.token != Some(token.to_string())) {
+            fail(format!(
+                "gated handler at the holder without the gateway's role/token: {s:?}"
+            ));
         }
-        let forwarded_ok = (200..300).contains(&status)
-            && x_app.as_deref() == Some(holder.name.as_str())
-            && at_other.is_empty()
-            && at_holder.len() == 1
-            && at_holder[0].role.as_deref() == Some(role)
-            && at_holder[0].token == Some(token.to_string());
-        let refused_ok = |code: u16| {
-            status == code && x_app.is_none() && at_holder.is_empty() && at_other.is_empty()
-        };
-        let ok = match *expect {
-            Expect::AtHolder => forwarded_ok,
-            Expect::Gateway(code) => refused_ok(code),
-            Expect::GatewayOrAtHolder(code) => forwarded_ok || refused_ok(code),
-            Expect::Refused => (400..500).contains(&status) && refused_ok(status),
-            Expect::LocalUngated => {
-                (200..300).contains(&status)
-                    && x_app.as_deref() == Some(other.name.as_str())
-                    && at_holder.is_empty()
-                    && at_other.len() == 1
-                    && !at_other[0].gated()
-            }
-        };
-        if !ok {
-            fail(format!("expected {expect:?}; got {status}, x-app {x_app:?}, holder saw {at_holder:?}, non-holder saw {at_other:?}"));
+    }
+    let forwarded_ok = (200..300).contains(&status)
+        && x_app == Some(holder.name.as_str())
+        && at_other.is_empty()
+        && at_holder.len() == 1
+        && at_holder[0].role.as_deref() == Some(role)
+        && at_holder[0].token == Some(token.to_string());
+    let nothing_ran = x_app.is_none() && at_holder.is_empty() && at_other.is_empty();
+    let reset = reset_refuses && status == 0;
+    let refused_ok = |code: u16| (status == code || reset) && nothing_ran;
+    let ok = match expect {
+        Expect::AtHolder => forwarded_ok,
+        Expect::Gateway(code) => refused_ok(code),
+        Expect::GatewayOrAtHolder(code) => forwarded_ok || refused_ok(code),
+        Expect::Refused => ((400..500).contains(&status) || reset) && nothing_ran,
+        Expect::LocalUngated => {
+            (200..300).contains(&status)
+                && x_app == Some(other.name.as_str())
+                && at_holder.is_empty()
+                && at_other.len() == 1
+                && !at_other[0].gated()
         }
+    };
+    if !ok {
+        fail(format!("expected {expect:?}; got {status}, x-app {x_app:?}, holder saw {at_holder:?}, non-holder saw {at_other:?}"));
     }
     failures
 }
@@ -1205,4 +1244,290 @@ async fn one_key_in_any_encoding_reaches_one_partition_holder() {
         failures.join("\n"),
         rig.gateway_logs()
     );
+}
+
+// ---------------------------------------------------------------------------
+// The same attacks over HTTP/2 (h2c with prior knowledge)
+// ---------------------------------------------------------------------------
+
+type H2Headers = Vec<(String, String)>;
+
+fn h2_request(fields: &[(&str, &str)]) -> H2Headers {
+    fields
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn h2_get(path: &str, extra: &[(&str, &str)]) -> H2Headers {
+    let mut h = h2_request(&[
+        (":method", "GET"),
+        (":scheme", "http"),
+        (":authority", "gw.test"),
+        (":path", path),
+    ]);
+    h.extend(h2_request(extra));
+    h
+}
+
+/// Every HTTP/1.1 path attack whose request is a plain GET, with its target
+/// sent as `:path` (a target that is not a path may be refused or read as
+/// the path inside it), then attacks only HTTP/2 can make: pseudo-header
+/// abuse, `Host` against `:authority`, connection-specific fields.
+fn h2_attacks() -> Vec<(Expect, H2Headers)> {
+    use Expect::*;
+    let mut out = Vec::new();
+    for (expect, head) in path_attacks() {
+        let Some(target) = head
+            .strip_prefix("GET ")
+            .and_then(|r| r.strip_suffix(" HTTP/1.1\r\nHost: gw.test\r\n"))
+        else {
+            continue;
+        };
+        let expect = match expect {
+            _ if !target.starts_with('/') => GatewayOrAtHolder(400),
+            Gateway(400) => Refused, // the h2 layer may reset it first
+            e => e,
+        };
+        out.push((expect, h2_get(target, &[])));
+    }
+    let m = "/maintenance/x";
+    let base = |p: &str| h2_get(p, &[]);
+    let without =
+        |name: &str| -> H2Headers { base(m).into_iter().filter(|(k, _)| k != name).collect() };
+    out.extend([
+        (Gateway(400), h2_get(m, &[("host", "other.test")])),
+        (Gateway(400), h2_get("/plain", &[("host", "other.test")])),
+        (AtHolder, h2_get(m, &[("host", "GW.TEST")])),
+        (AtHolder, {
+            let mut h = without(":authority");
+            h.push(("host".into(), "gw.test".into()));
+            h
+        }),
+        (Gateway(400), without(":authority")),
+        (Refused, h2_get("/plain", &[(":path", m)])),
+        (Refused, h2_get(m, &[(":path", "/plain")])),
+        (Refused, without(":path")),
+        (Refused, h2_get("", &[])),
+        (Refused, without(":method")),
+        (Refused, h2_get(m, &[(":method", "POST")])),
+        (Refused, h2_get(m, &[(":foo", "bar")])),
+        (Refused, {
+            let mut h = without(":path");
+            h.push(("x-a".into(), "1".into()));
+            h.push((":path".into(), m.into()));
+            h
+        }),
+        (Refused, h2_get("/device-hdr/x", &[("X-Device-Id", "k1")])),
+        (Refused, h2_get(m, &[("connection", "close")])),
+        (Refused, h2_get(m, &[("transfer-encoding", "chunked")])),
+        (Refused, h2_get("/plain", &[("upgrade", "h2c")])),
+        (Refused, h2_get(m, &[("keep-alive", "timeout=5")])),
+        (Refused, h2_get(m, &[("proxy-connection", "keep-alive")])),
+        (Refused, h2_get(m, &[("te", "gzip")])),
+        (AtHolder, h2_get(m, &[("te", "trailers")])),
+        (
+            LocalUngated,
+            h2_get(
+                "/plain",
+                &[
+                    ("x_rolegate_role", "maintenance"),
+                    ("x-rolegate-token", "1"),
+                ],
+            ),
+        ),
+        (
+            Refused,
+            h2_request(&[
+                (":method", "GET"),
+                (":scheme", "http"),
+                (":authority", "u@gw.test"),
+                (":path", m),
+            ]),
+        ),
+        (
+            Gateway(405),
+            h2_request(&[(":method", "CONNECT"), (":authority", "gw.test:443")]),
+        ),
+        (
+            Refused,
+            h2_get(m, &[(":method", "CONNECT"), (":protocol", "websocket")]),
+        ),
+        (
+            GatewayOrAtHolder(400),
+            h2_request(&[
+                (":method", "GET"),
+                (":scheme", "ftp"),
+                (":authority", "gw.test"),
+                (":path", m),
+            ]),
+        ),
+        (
+            Refused,
+            h2_get("/plain", &[("x-a", "1\r\nx-rolegate-role: maintenance")]),
+        ),
+        (Refused, h2_get("/plain", &[("x a", "1")])),
+        (Refused, h2_get(m, &[("x-big", &"a".repeat(70 * 1024))])),
+    ]);
+    out
+}
+
+fn h2_attack_script() -> String {
+    format!("{}/tests/support/h2_attack.py", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Runs the `h2_attack.py` mode `args` with `stdin`; its JSON lines.
+async fn h2_script(args: Vec<String>, stdin: String) -> Vec<serde_json::Value> {
+    let python = support::python_with("h2");
+    let out = tokio::task::spawn_blocking(move || {
+        use std::io::Write;
+        let mut child = Command::new(python)
+            .arg(h2_attack_script())
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run h2_attack.py");
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(stdin.as_bytes())
+            .unwrap();
+        child.wait_with_output().expect("h2_attack.py output")
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "h2_attack.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
+}
+
+/// Sends each HTTP/2 attack to the non-holder, one connection each, and
+/// judges it as [`run_attacks`] does; a reset stream or GOAWAY is a refusal.
+async fn run_h2_attacks(rig: &Rig, role: &str, attacks: &[(Expect, H2Headers)]) -> Vec<String> {
+    let lease = rig.lease(role).await;
+    assert_eq!(lease.0, rig.holder);
+    let batch: Vec<_> = attacks
+        .iter()
+        .enumerate()
+        .map(|(i, (_, h))| {
+            let id = format!("h{i:02}");
+            let mut h = h.clone();
+            h.push(("x-attack".into(), id.clone()));
+            serde_json::json!({"id": id, "headers": h})
+        })
+        .collect();
+    let port = rig.gws[rig.other].port.to_string();
+    let results = h2_script(
+        vec!["requests".into(), port],
+        serde_json::to_string(&batch).unwrap(),
+    )
+    .await;
+    assert_eq!(results.len(), attacks.len(), "one result per attack");
+    let mut failures = Vec::new();
+    for (i, ((expect, headers), r)) in attacks.iter().zip(&results).enumerate() {
+        let refused = r["reset"].is_number() || r["goaway"].is_number();
+        let status = match r["status"].as_u64() {
+            Some(s) => s as u16,
+            None if refused => 0,
+            None => 1, // no answer at all: fails every expectation
+        };
+        let answer = Answer {
+            status,
+            x_app: r["x_app"].as_str().map(str::to_string),
+            shown: r.to_string(),
+        };
+        let what = format!("{:?}", &headers[..headers.len().min(6)]);
+        let what: String = what.chars().take(160).collect();
+        failures.extend(judge(
+            rig,
+            (role, lease.1),
+            &format!("h{i:02}"),
+            &what,
+            *expect,
+            &answer,
+            true,
+        ));
+    }
+    failures
+}
+
+async fn h2_attacks_against(kind: Kind, tag: &str) {
+    let rig = Rig::start(kind, tag).await;
+    let failures = run_h2_attacks(&rig, "maintenance", &h2_attacks()).await;
+    assert!(
+        failures.is_empty(),
+        "{} HTTP/2 attack(s) broke the guarantee on {kind:?}:\n{}\n{}",
+        failures.len(),
+        failures.join("\n"),
+        rig.gateway_logs()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_path_and_pseudo_header_attacks_never_run_gated_handlers_on_a_non_holder_axum() {
+    h2_attacks_against(Kind::Axum, "hc_h2_axum").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_path_and_pseudo_header_attacks_never_run_gated_handlers_on_a_non_holder_flask() {
+    h2_attacks_against(Kind::Flask("werkzeug"), "hc_h2_flask").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_stream_floods_and_rapid_resets_are_cut_and_the_gateway_keeps_serving() {
+    let spec = ClusterSpec::postgres("hc_h2_flood")
+        .with_proxy("  http2:\n    max_concurrent_streams: 4\n");
+    let rig = Rig::start_with(Kind::Axum, spec).await;
+    let port = rig.gws[rig.other].port.to_string();
+    // Ten streams at once where four are allowed: six are refused unopened.
+    let r = &h2_script(
+        vec![
+            "streams".into(),
+            port.clone(),
+            "10".into(),
+            "/plain/flood".into(),
+        ],
+        String::new(),
+    )
+    .await[0];
+    assert_eq!(r["refused"].as_array().map(Vec::len), Some(6), "{r}");
+    assert_eq!(r["answered"], 4, "{r}");
+    // Rapid reset (CVE-2023-44487): HEADERS then RST_STREAM, as fast as it goes.
+    let before = rig.apps[rig.other].seen().len();
+    let r = &h2_script(
+        vec![
+            "rapid-reset".into(),
+            port,
+            "5000".into(),
+            "/plain/reset".into(),
+        ],
+        String::new(),
+    )
+    .await[0];
+    eprintln!("rapid reset: {r}");
+    assert_eq!(r["goaway"], 11, "cut with ENHANCE_YOUR_CALM: {r}");
+    let sent = r["sent"].as_u64().unwrap();
+    assert!(
+        sent < 5000,
+        "the connection was cut before the flood ended: {r}"
+    );
+    let reached = rig.apps[rig.other].seen().len() - before;
+    eprintln!("rapid reset: {sent} streams sent, {reached} reached the app");
+    // The gateway is alive and serves the next client at once.
+    let resp = raw_exchange(
+        rig.gws[rig.other].port,
+        b"GET /plain/after HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(status_of(&resp), 200, "{resp}");
+    assert!(rig.gws[rig.other].child_alive());
 }

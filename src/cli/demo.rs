@@ -237,6 +237,24 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     }
 }
 
+/// Starts each node's demo app.
+fn spawn_apps(nodes: &mut [Node], dir: &Path) -> Result<(), DemoError> {
+    for n in nodes.iter_mut() {
+        let port = n.app.to_string();
+        n.app_child = Some(spawn(
+            &[
+                "demo-app",
+                "--port",
+                &port,
+                "--name",
+                &n.name.replace("gw", "app"),
+            ],
+            &dir.join(format!("{}-app.log", n.name)),
+        )?);
+    }
+    Ok(())
+}
+
 async fn start(
     options: &DemoOptions,
     dir: &PathBuf,
@@ -256,30 +274,21 @@ async fn start(
             )))
         }
     };
-    for (i, (public, admin, app)) in ports.into_iter().enumerate() {
-        nodes.push(Node {
-            name: format!("gw-{}", i + 1),
-            public,
-            admin,
-            app,
-            gateway: None,
-            app_child: None,
-        });
-    }
+    nodes.extend(
+        ports
+            .into_iter()
+            .enumerate()
+            .map(|(i, (public, admin, app))| Node {
+                name: format!("gw-{}", i + 1),
+                public,
+                admin,
+                app,
+                gateway: None,
+                app_child: None,
+            }),
+    );
     let probe = Forwarder::new(Duration::from_millis(500), Duration::from_secs(2))?;
-    for n in nodes.iter_mut() {
-        let port = n.app.to_string();
-        n.app_child = Some(spawn(
-            &[
-                "demo-app",
-                "--port",
-                &port,
-                "--name",
-                &n.name.replace("gw", "app"),
-            ],
-            &dir.join(format!("{}-app.log", n.name)),
-        )?);
-    }
+    spawn_apps(nodes, dir)?;
     // Start the gateways one by one, so gw-1 holds the role at first.
     for (i, node) in nodes.iter_mut().enumerate() {
         let config = dir.join(format!("{}.yaml", node.name));
@@ -292,10 +301,8 @@ async fn start(
         )?);
         let ready = format!("http://127.0.0.1:{}/readyz", node.admin);
         let started = Instant::now();
-        while !probe
-            .probe(&ready, HopProtocol::Http1, Duration::from_millis(500))
-            .await
-        {
+        let wait = Duration::from_millis(500);
+        while !probe.probe(&ready, HopProtocol::Http1, wait).await {
             if started.elapsed() > Duration::from_secs(15) {
                 return Err(DemoError::Setup(format!(
                     "{} did not become ready; see {}",

@@ -230,20 +230,9 @@ impl Forwarder {
         base: &str,
         protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        let path = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        let target: Uri =
-            format!("{base}{path}")
-                .parse()
-                .map_err(|source| ForwardError::BadTarget {
-                    target: base.to_string(),
-                    source,
-                })?;
-        *req.uri_mut() = target;
+        *req.uri_mut() = target_uri(base, req.uri())?;
         let upgrade = is_upgrade_request(req.headers());
+        // Only HTTP/1.1 upgrades a connection.
         let protocol = if upgrade {
             HopProtocol::Http1
         } else {
@@ -424,6 +413,17 @@ impl http_body::Body for WatchedBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// `base` + the path and query of `uri`.
+fn target_uri(base: &str, uri: &Uri) -> Result<Uri, ForwardError> {
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    format!("{base}{path}")
+        .parse()
+        .map_err(|source| ForwardError::BadTarget {
+            target: base.to_string(),
+            source,
+        })
 }
 
 /// `scheme://authority` of an absolute URI.
