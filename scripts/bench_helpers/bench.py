@@ -325,7 +325,7 @@ backend be
 
 def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rolegate_role_leases",
                   roles=("bench",), partition=0, timings=("15s", "5s", "2s"), route=True,
-                  drain="2s"):
+                  drain="2s", peer_protocol=None):
     lines = [
         "instance:",
         "  name: %s" % name,
@@ -353,6 +353,8 @@ def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rol
     elif route and partition:
         lines += ["routes:", "  - prefixes: [/p]", "    partition: p", "    key: { path_segment: last }"]
     lines += ["shutdown:", "  drain_timeout: %s" % drain]
+    if peer_protocol:
+        lines += ["peers:", "  protocol: %s" % peer_protocol]
     return "\n".join(lines) + "\n"
 
 
@@ -1053,6 +1055,78 @@ class Bench:
 
     # -- driver ---------------------------------------------------------------
 
+    def section_peer_hop(self):
+        """The forwarded path over an HTTP/1.1 hop (pooled connections) against
+        an HTTP/2 hop (one multiplexed connection per peer): one holder, two
+        forwarders that differ only in `peers.protocol`, the same upstream."""
+        q = self.quick
+        rounds = self.a.rounds or (2 if q else 3)
+        secs = 1 if q else 3
+        conns = 64
+        d = self.workdir
+        www = os.path.join(d, "www", "r")
+        os.makedirs(www, exist_ok=True)
+        sizes = {"1 KiB": 1024, "64 KiB": 65536}
+        for n in sizes.values():
+            with open(os.path.join(www, str(n // 1024) + "k"), "wb") as f:
+                f.write((b"0123456789abcdef" * (n // 16 + 1))[:n])
+        up = free_port()
+        p_up = self.start_nginx("upstream-hop", nginx_upstream_conf(d, "upstream-hop", up))
+        self.wait_port(up, "upstream-hop", p_up)
+        upstream_url = "http://127.0.0.1:%d" % up
+        db = "sqlite://%s/hop-leases.db" % d
+        ports = {k: free_port() for k in ("h", "ha", "f1", "f1a", "f2", "f2a")}
+        p_h = self.start_rolegate("hop-holder", rolegate_conf("holder", ports["h"], ports["ha"], upstream_url,
+                                                               "sqlite", db))
+        self.wait_ready(p_h, "hop-holder", ports["ha"])
+        wait_until("holder holds `bench`", lambda: self.held_count(ports["ha"]) == 1, 20)
+        forwarders = {}
+        for name, key, proto in (("HTTP/1.1 hop", "f1", "http1"), ("HTTP/2 hop", "f2", "h2")):
+            p = self.start_rolegate("hop-" + proto, rolegate_conf(
+                "fwd-" + proto, ports[key], ports[key + "a"], upstream_url, "sqlite", db, peer_protocol=proto))
+            self.wait_ready(p, "hop-" + proto, ports[key + "a"])
+            forwarders[name] = (p, ports[key])
+        for name, (p, port) in forwarders.items():
+            for n in sizes.values():
+                st, body = http_get("127.0.0.1", port, "/r/%dk" % (n // 1024))
+                if st != 200 or len(body) != n:
+                    raise RuntimeError("%s: /r/%dk answered %s" % (name, n // 1024, st))
+                self.wrk("http://127.0.0.1:%d/r/%dk" % (port, n // 1024), 1, conns)
+
+        def ticks(pids):
+            return sum(cpu_ticks(x) for x in pids)
+
+        def hop_connections():
+            out = subprocess.run(["ss", "-Htn", "state", "established", "( dport = :%d )" % ports["h"]],
+                                 capture_output=True, text=True)
+            return len([l for l in out.stdout.splitlines() if l.strip()])
+
+        runs = {"%s|%s" % (n, s): [] for n in forwarders for s in sizes}
+        for rnd in range(rounds):
+            order = list(forwarders.items())
+            if rnd % 2:
+                order = order[::-1]
+            for size, n in sizes.items():
+                for name, (p, port) in order:
+                    pids = [p.pid, p_h.pid]
+                    c0 = ticks(pids)
+                    r = self.wrk("http://127.0.0.1:%d/r/%dk" % (port, n // 1024), secs, conns)
+                    c1 = ticks(pids)
+                    r["cpu_us_per_req"] = (c1 - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
+                    r["hop_connections"] = hop_connections()
+                    runs["%s|%s" % (name, size)].append(r)
+                    log("peer hop round %d %-13s %-6s %9.0f req/s p99 %s cpu %.1f us/req, %d hop conns" % (
+                        rnd + 1, name, size, r["rps"], fmt_us(r["p99"]), r["cpu_us_per_req"],
+                        r["hop_connections"]))
+                    self.procs.check_alive(p_h, "hop-holder")
+        for p, _ in forwarders.values():
+            self.procs.stop(p)
+        self.procs.stop(p_h)
+        self.procs.stop(p_up)
+        self.results["sections"]["peer_hop"] = {
+            "rounds": rounds, "seconds": secs, "connections": conns, "sizes": list(sizes),
+            "contenders": list(forwarders), "runs": runs}
+
     def cargo_bench(self, bench, section):
         """Runs `benches/<bench>.rs` against a throwaway PostgreSQL and keeps its JSON."""
         pg = self.start_pg()
@@ -1080,7 +1154,7 @@ class Bench:
         sections = [("request_path", self.section_request_path), ("sse", self.section_sse),
                     ("handover", self.section_handover), ("store", self.section_store),
                     ("footprint", self.section_footprint), ("work", self.section_work),
-                    ("balance", self.section_balance)]
+                    ("balance", self.section_balance), ("peer_hop", self.section_peer_hop)]
         only = set(self.a.only.split(",")) if self.a.only else None
         for name, fn in sections:
             if only and name not in only:
@@ -1161,7 +1235,7 @@ def main():
     ap.add_argument("--openloop", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance")
+    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance,peer_hop")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--rate", type=float, default=None, help="fixed rate for section 1 (default: 40%% of the slowest)")
     ap.add_argument("--streams", type=int, default=None)
@@ -1214,7 +1288,11 @@ def main():
         with open(report.BALANCE_FILE, "w") as f:
             f.write(report.render_balance(b.results["sections"]["balance"], args))
         log("wrote %s" % report.BALANCE_FILE)
-    if set((args.only or "").split(",")) <= {"work", "balance"}:
+    if "peer_hop" in b.results["sections"] and "error" not in b.results["sections"]["peer_hop"]:
+        with open(report.PEER_HOP_FILE, "w") as f:
+            f.write(report.render_peer_hop(b.results["sections"]["peer_hop"], args))
+        log("wrote %s" % report.PEER_HOP_FILE)
+    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop"}:
         log("--only %s: %s left as it is" % (args.only, args.out))
     else:
         text = report.render(b.results, args)
