@@ -255,3 +255,45 @@ async fn with_http2_off_prior_knowledge_is_refused_and_http1_still_served() {
     assert_eq!(status, StatusCode::CREATED);
     assert!(app.executed_paths().iter().all(|p| p == "/plain"));
 }
+
+/// Reads until the peer closes; how long that took.
+async fn closed_after(mut s: tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+    use tokio::io::AsyncReadExt;
+    let start = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    loop {
+        match tokio::time::timeout_at((start + limit).into(), s.read(&mut buf)).await {
+            Err(_) => return None,
+            Ok(Ok(0)) | Ok(Err(_)) => return Some(start.elapsed()),
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_sends_no_request_is_closed_at_the_header_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &ClusterSpec::postgres("h2_silent"), &app).await;
+    let connect = || tokio::net::TcpStream::connect(("127.0.0.1", gw.port));
+    // Silent from the first byte, and silent after the HTTP/2 preface and
+    // SETTINGS (a client that only holds a slot).
+    let silent = connect().await.unwrap();
+    let mut preface = connect().await.unwrap();
+    preface
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let limit = Duration::from_secs(45);
+    let (a, b) = tokio::join!(closed_after(silent, limit), closed_after(preface, limit));
+    for (what, t) in [("silent", a), ("preface only", b)] {
+        let t = t.unwrap_or_else(|| panic!("{what}: still open after {limit:?}"));
+        assert!(
+            t >= Duration::from_secs(29),
+            "{what}: closed too early, after {t:?}"
+        );
+    }
+    // A connection that made a request is not cut by it.
+    let (status, _, _) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+}

@@ -4,7 +4,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -122,11 +122,15 @@ pub(crate) async fn serve(
 /// it. (A macro: hyper's two connection types share no trait for
 /// `graceful_shutdown`.)
 macro_rules! drive {
-    ($conn:expr, $progress:expr, $idle:expr, $stop:expr) => {{
+    ($conn:expr, $progress:expr, $idle:expr, $stop:expr, $first:expr) => {{
         let conn = $conn;
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r.map_err(|e| e.to_string()),
+            _ = no_request_within(&$first, HEADER_READ_TIMEOUT) => {
+                tracing::debug!("no request head within the header read timeout; closing");
+                Ok(())
+            }
             _ = $progress.idle_for($idle) => {
                 tracing::debug!(idle = ?$idle, "connection idle; closing");
                 Ok(())
@@ -150,7 +154,14 @@ async fn serve_connection(
     limits: ServeLimits,
     mut stop: Shutdown,
 ) {
+    // Until a first request head arrives, the connection is held to the
+    // header read timeout, whatever the protocol: hyper times HTTP/1.1 heads
+    // but not the wait for the first bytes, nor an HTTP/2 client that sends
+    // its preface and then nothing.
+    let first = Arc::new(AtomicBool::new(false));
+    let seen = first.clone();
     let service = hyper::service::service_fn(move |req| {
+        seen.store(true, Ordering::Release);
         let state = state.clone();
         async move { Ok::<_, Infallible>(state.handle(req, client).await) }
     });
@@ -161,16 +172,24 @@ async fn serve_connection(
     let result = if limits.http2.enabled {
         let builder = connection_builder(limits.http2);
         let conn = builder.serve_connection_with_upgrades(io, service);
-        drive!(conn, progress, limits.idle_timeout, stop)
+        drive!(conn, progress, limits.idle_timeout, stop, first)
     } else {
         // auto::Builder::http1_only is ignored once upgrades are served.
         let conn = http1_builder()
             .serve_connection(io, service)
             .with_upgrades();
-        drive!(conn, progress, limits.idle_timeout, stop)
+        drive!(conn, progress, limits.idle_timeout, stop, first)
     };
     if let Err(e) = result {
         tracing::debug!(%client, error = %e, "connection ended with an error");
+    }
+}
+
+/// Resolves once `limit` has passed with no request seen; never after one.
+async fn no_request_within(first: &AtomicBool, limit: Duration) {
+    tokio::time::sleep(limit).await;
+    if first.load(Ordering::Acquire) {
+        std::future::pending::<()>().await;
     }
 }
 
