@@ -92,7 +92,7 @@ async fn postgres_passes_the_conformance_suite_over_verified_tls() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_verifies_the_ca_and_verify_full_the_host_name() {
+async fn postgres_verifies_the_ca_and_the_host_name() {
     let files = TlsFiles::generate("pg_tls_verify");
     let pg = support::tls::postgres(&files, ServerTls::WRONG_HOST);
     let with = |mode: &str, ca: &Path| {
@@ -115,9 +115,22 @@ async fn postgres_verifies_the_ca_and_verify_full_the_host_name() {
         open(&with("verify-full", &files.ca)).await,
         WRONG_NAME,
     );
-    let store = open(&with("verify-ca", &files.ca))
+    // libpq's verify-ca skips the host name check, but the PostgreSQL
+    // client here (sqlx 0.8 with rustls >= 0.23.24, sqlx issue #3793, fixed
+    // in sqlx 0.9) checks it anyway: verify-ca is as strict as verify-full.
+    // docs/stores.md says so; when sqlx is upgraded this fails: then
+    // verify-ca must connect here, and the docs must change.
+    assert_refused(
+        "verify-ca, certificate for wrong.example",
+        open(&with("verify-ca", &files.ca)).await,
+        WRONG_NAME,
+    );
+    let right = support::tls::postgres(&files, ServerTls::PLAIN);
+    let params = format!("sslmode=verify-ca&sslrootcert={}", files.ca.display());
+    let url = pg_url(&right, &params);
+    let store = open(&config(StoreKind::Postgres, url, None))
         .await
-        .expect("verify-ca does not check the host name");
+        .expect("verify-ca with the right CA");
     store.snapshot(&[]).await.expect("a call over verify-ca");
 }
 
@@ -195,10 +208,13 @@ mod redis {
         let server = support::tls::redis(&files, ServerTls::CLIENT_CERTS);
         let without = store_tls(&files, &files.ca, false);
         let without = config(StoreKind::Redis, url(&server), Some(without));
+        // Over TLS 1.3 the server refuses after the handshake, and the
+        // redis crate reports only that the connection ended, not the
+        // server's alert (docs/stores.md says what it means).
         assert_refused(
             "no client certificate",
             open(&without).await,
-            &["certificate", "reset", "broken pipe", "closed"],
+            &["connection driver unexpectedly terminated"],
         );
         let with = store_tls(&files, &files.ca, true);
         let with = config(StoreKind::Redis, url(&server), Some(with));

@@ -250,13 +250,14 @@ pub fn etcd(files: &TlsFiles, tls: ServerTls) -> PrivateServer {
         &cert.display().to_string(),
         "--key-file",
         &key.display().to_string(),
-        "--trusted-ca-file",
-        &files.ca.display().to_string(),
     ]
     .iter()
     .map(|s| s.to_string())
     .collect();
+    // etcd asks for client certificates whenever it has a CA to check them.
     if tls.require_client_cert {
+        args.push("--trusted-ca-file".into());
+        args.push(files.ca.display().to_string());
         args.push("--client-cert-auth".into());
     }
     PrivateServer::launch(program, args, dir, port)
