@@ -14,7 +14,7 @@ use rolegate::store::{Claim, InstanceInfo, LeaseStore, RoleName};
 /// name of every check.
 macro_rules! for_each_check {
     ($m:ident ! ($($args:tt)*)) => {
-        $m!($($args)*;
+        $m! { $($args)*;
             first_acquire_is_granted,
             concurrent_acquirers_have_exactly_one_winner,
             renew_keeps_the_token,
@@ -26,7 +26,7 @@ macro_rules! for_each_check {
             names_over_128_bytes_are_refused,
             batched_claims_cover_many_roles_in_one_call,
             presence_lists_live_members_and_forgets_gone_ones
-        )
+        }
     };
 }
 #[allow(unused_imports)]
