@@ -38,6 +38,11 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // The store's TLS files, read and checked as opening the store would.
+    if let Err(e) = crate::store::check_tls_files(&config.store) {
+        eprintln!("error: {}: {}", path.display(), super::report(&e));
+        return ExitCode::from(EXIT_CONFIG);
+    }
     if print {
         print!("{}", config.to_yaml());
     } else {

@@ -64,6 +64,27 @@ struct Store {
     username: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     password: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<StoreTls>,
+}
+
+#[derive(Serialize)]
+struct StoreTls {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cert_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_file: Option<String>,
+}
+
+fn store_tls(tls: &crate::store::StoreTls) -> StoreTls {
+    let text = |p: &std::path::Path| p.display().to_string();
+    StoreTls {
+        ca_file: tls.ca_file.as_deref().map(text),
+        cert_file: tls.client_cert.as_ref().map(|c| text(&c.cert_file)),
+        key_file: tls.client_cert.as_ref().map(|c| text(&c.key_file)),
+    }
 }
 
 #[derive(Serialize)]
@@ -201,6 +222,7 @@ impl Config {
                     .password
                     .as_ref()
                     .map(|_| format!("${{{STORE_PASSWORD_VAR}}}")),
+                tls: self.store.tls.as_ref().map(store_tls),
             },
             lease: timings(&self.lease),
             roles: (self.roles.iter())

@@ -175,6 +175,15 @@ pub(super) struct RawStore {
     pub(super) table: Option<Text>,
     pub(super) username: Option<Text>,
     pub(super) password: Option<Text>,
+    pub(super) tls: Option<Spanned<RawStoreTls>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawStoreTls {
+    pub(super) ca_file: Option<Text>,
+    pub(super) cert_file: Option<Text>,
+    pub(super) key_file: Option<Text>,
 }
 
 #[derive(Deserialize, Default)]

@@ -1,9 +1,13 @@
 //! The `store` section.
 
-use super::raw::{RawStore, Text};
+use std::path::PathBuf;
+
+use serde_saphyr::Spanned;
+
+use super::raw::{RawStore, RawStoreTls, Text};
 use super::resolve::Resolver;
 use super::{ConfigError, StoreConfig, StoreKind, DEFAULT_TABLE};
-use crate::store::check_table_name;
+use crate::store::{check_table_name, check_tls_rules, ClientCertFiles, StoreTls};
 
 impl Resolver<'_> {
     pub(super) fn store(&self, raw: Option<&RawStore>) -> Result<StoreConfig, ConfigError> {
@@ -15,6 +19,7 @@ impl Resolver<'_> {
                 table: DEFAULT_TABLE.into(),
                 username: None,
                 password: None,
+                tls: None,
             });
         };
         let kind = self.store_kind(raw.kind.as_ref())?;
@@ -63,6 +68,15 @@ impl Resolver<'_> {
                 "only the etcd store takes username/password (put credentials in store.url for the others)",
             ));
         }
+        let tls = self.store_tls(raw.tls.as_ref())?;
+        let at = raw.tls.as_ref().map(|t| &t.referenced);
+        if let Err(e) = check_tls_rules(kind, &url, tls.as_ref()) {
+            let at = match e.field() {
+                "store.tls" => at,
+                _ => raw.url.as_ref().map(|t| &t.referenced),
+            };
+            return Err(self.err(at, e.field(), e.to_string()));
+        }
         Ok(StoreConfig {
             kind,
             url,
@@ -70,7 +84,48 @@ impl Resolver<'_> {
             table,
             username,
             password,
+            tls,
         })
+    }
+
+    /// `store.tls`: a CA file and an optional client certificate with its key.
+    fn store_tls(
+        &self,
+        raw: Option<&Spanned<RawStoreTls>>,
+    ) -> Result<Option<StoreTls>, ConfigError> {
+        let Some(raw) = raw else {
+            return Ok(None);
+        };
+        let path = |t: &Option<Text>, key| {
+            self.opt_text(t, key)
+                .map(|p| p.filter(|p| !p.is_empty()).map(PathBuf::from))
+        };
+        let ca_file = path(&raw.value.ca_file, "store.tls.ca_file")?;
+        let cert_file = path(&raw.value.cert_file, "store.tls.cert_file")?;
+        let key_file = path(&raw.value.key_file, "store.tls.key_file")?;
+        let client_cert = match (cert_file, key_file) {
+            (Some(cert_file), Some(key_file)) => Some(ClientCertFiles {
+                cert_file,
+                key_file,
+            }),
+            (None, None) => None,
+            (cert, _) => {
+                let (key, other) = match cert {
+                    Some(_) => ("store.tls.cert_file", "key_file"),
+                    None => ("store.tls.key_file", "cert_file"),
+                };
+                let set = raw.value.cert_file.as_ref().or(raw.value.key_file.as_ref());
+                return Err(self.err(
+                    set.map(|t| &t.referenced).or(Some(&raw.referenced)),
+                    key,
+                    format!("cert_file and key_file go together: set {other} too"),
+                ));
+            }
+        };
+        Ok(Some(StoreTls {
+            ca_file,
+            client_cert,
+        }))
     }
 
     fn store_kind(&self, raw: Option<&Text>) -> Result<StoreKind, ConfigError> {

@@ -357,3 +357,117 @@ fn a_store_kind_not_built_into_the_binary_is_refused_by_the_config() {
     assert!(e.message.contains("not built into this binary"), "{e}");
     assert!(Config::parse_built(text, "t.yaml", &env, |_| true).is_ok());
 }
+
+fn parse_any_store(text: &str) -> Result<Config, ConfigError> {
+    Config::parse_built(text, "t.yaml", &env, |_| true)
+}
+
+fn store_yaml(kind: &str, url: &str, tls: &str) -> String {
+    format!("store:\n  kind: {kind}\n  url: \"{url}\"\n{tls}")
+}
+
+#[test]
+fn store_tls_keys_parse_for_rediss_and_https_etcd() {
+    let tls = "  tls:\n    ca_file: /etc/rolegate/store-ca.pem\n    cert_file: /c.pem\n    key_file: /k.pem\n";
+    let c = parse_any_store(&store_yaml("redis", "rediss://cache:6380", tls)).unwrap();
+    let t = c.store.tls.expect("store.tls");
+    assert_eq!(
+        t.ca_file.as_deref(),
+        Some(std::path::Path::new("/etc/rolegate/store-ca.pem"))
+    );
+    let client = t.client_cert.expect("client certificate");
+    assert_eq!(client.cert_file, std::path::Path::new("/c.pem"));
+    assert_eq!(client.key_file, std::path::Path::new("/k.pem"));
+    let eps = "https://10.0.0.1:2379,https://10.0.0.2:2379";
+    let tls = "  tls:\n    ca_file: /ca.pem\n    cert_file: null\n    key_file: null\n";
+    let c = parse_any_store(&store_yaml("etcd", eps, tls)).unwrap();
+    assert_eq!(c.store.tls.unwrap().client_cert, None);
+}
+
+#[test]
+fn store_tls_is_refused_where_it_would_not_be_used() {
+    let tls = "  tls:\n    ca_file: /ca.pem\n";
+    let cases = [
+        ("postgres", "postgres://u@db/app", "sslmode"),
+        ("sqlite", "sqlite://x.db", "etcd (https://) stores only"),
+        ("memory", "memory://", "no network connection"),
+        ("redis", "redis://cache:6379", "rediss://"),
+        ("etcd", "http://10.0.0.1:2379", "https://"),
+    ];
+    for (kind, url, says) in cases {
+        let e = parse_any_store(&store_yaml(kind, url, tls)).unwrap_err();
+        assert_eq!(e.key, "store.tls", "{kind}: {e}");
+        // The line of the block's first key.
+        assert_eq!(e.line, Some(5), "{kind}: {e}");
+        assert!(e.message.contains(says), "{kind}: {e}");
+    }
+    let e = parse_any_store(&store_yaml("postgres", "postgres://u@db/app", tls)).unwrap_err();
+    for param in ["sslrootcert", "sslcert", "sslkey", "store.url"] {
+        assert!(e.message.contains(param), "{e}");
+    }
+}
+
+#[test]
+fn a_client_certificate_without_its_key_is_refused() {
+    for (tls, key) in [
+        ("  tls:\n    cert_file: /c.pem\n", "store.tls.cert_file"),
+        ("  tls:\n    key_file: /k.pem\n", "store.tls.key_file"),
+    ] {
+        let e = parse_any_store(&store_yaml("redis", "rediss://cache:6380", tls)).unwrap_err();
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains("go together"), "{e}");
+    }
+}
+
+#[test]
+fn unsafe_or_unknown_store_tls_urls_are_refused() {
+    let cases = [
+        ("redis", "rediss://cache:6380/#insecure", "#insecure"),
+        (
+            "etcd",
+            "https://10.0.0.1:2379,http://10.0.0.2:2379",
+            "all https:// or all http://",
+        ),
+        (
+            "postgres",
+            "postgres://u@db/app?sslmode=verify_full",
+            "unknown sslmode `verify_full`",
+        ),
+        (
+            "postgres",
+            "postgres://u@db/app?sslmode=allow",
+            "`allow` is not supported",
+        ),
+        (
+            "postgres",
+            "postgres://u@db/app?sslmode=require&sslcert=/c.pem",
+            "sslcert and sslkey",
+        ),
+    ];
+    for (kind, url, says) in cases {
+        let e = parse_any_store(&store_yaml(kind, url, "")).unwrap_err();
+        assert_eq!(e.key, "store.url", "{url}: {e}");
+        assert_eq!(e.line, Some(3), "{url}: {e}");
+        assert!(e.message.contains(says), "{url}: {e}");
+    }
+    for mode in ["disable", "prefer", "require", "verify-ca", "verify-full"] {
+        let url = format!("postgres://u@db/app?sslmode={mode}");
+        assert!(
+            parse_any_store(&store_yaml("postgres", &url, "")).is_ok(),
+            "{mode}"
+        );
+    }
+}
+
+#[test]
+fn printed_config_keeps_store_tls_settings() {
+    let url = "postgres://app:pw@db/app?sslmode=verify-full&sslrootcert=/etc/pg/ca.pem&sslcert=/etc/pg/c.pem&sslkey=/etc/pg/k.pem";
+    let c = parse_any_store(&store_yaml("postgres", url, "")).unwrap();
+    let printed = c.to_yaml();
+    let expected = "postgres://app:<redacted>@db/app?sslmode=verify-full&sslrootcert=/etc/pg/ca.pem&sslcert=/etc/pg/c.pem&sslkey=/etc/pg/k.pem";
+    assert!(printed.contains(expected), "{printed}");
+    let tls = "  tls:\n    ca_file: /ca.pem\n    cert_file: /c.pem\n    key_file: /k.pem\n";
+    let c = parse_any_store(&store_yaml("redis", "rediss://cache:6380", tls)).unwrap();
+    let again = parse_any_store(&c.to_yaml()).expect("printed config reads back");
+    assert_eq!(again.store, c.store);
+}

@@ -60,6 +60,9 @@ pub struct StoreConfig {
     pub username: Option<String>,
     /// etcd password.
     pub password: Option<String>,
+    /// TLS files for Redis (`rediss://`) and etcd (`https://`); PostgreSQL
+    /// takes `sslmode` and friends in `url`.
+    pub tls: Option<super::StoreTls>,
 }
 
 /// A table name or key namespace that is not 1-63 characters of `[a-z0-9_]`

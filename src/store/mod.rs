@@ -19,6 +19,7 @@ mod redis;
 mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod tls;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +40,9 @@ pub use sqlite::SqliteStore;
 pub use crate::role::RoleName;
 pub use config::{check_table_name, BadTableName, StoreConfig, StoreKind, DEFAULT_TABLE};
 pub use error::{BoxError, StoreError};
+pub use tls::{
+    check_tls_files, check_tls_rules, ClientCertFiles, StoreTls, TlsFileError, TlsRuleError,
+};
 
 /// Who is asking: the instance id and the address others forward to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +176,8 @@ pub async fn open(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreErro
 /// on their own schedule). The SQL and Redis stores connect lazily: a store
 /// that is down is reported by the first call.
 pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreError> {
+    check_tls_rules(config.kind, &config.url, config.tls.as_ref())
+        .map_err(|e| StoreError::config(e.field(), e))?;
     Ok(match config.kind {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         #[cfg(feature = "sqlite")]
@@ -183,7 +189,9 @@ pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreE
         #[cfg(not(feature = "postgres"))]
         StoreKind::Postgres => return Err(StoreError::NotBuilt("postgres")),
         #[cfg(feature = "redis")]
-        StoreKind::Redis => Arc::new(RedisStore::connect(&config.url, &config.table).await?),
+        StoreKind::Redis => Arc::new(
+            RedisStore::connect_with_tls(&config.url, &config.table, config.tls.as_ref()).await?,
+        ),
         #[cfg(not(feature = "redis"))]
         StoreKind::Redis => return Err(StoreError::NotBuilt("redis")),
         #[cfg(feature = "etcd")]
@@ -192,7 +200,8 @@ pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreE
                 (Some(u), Some(p)) => Some((u.as_str(), p.as_str())),
                 _ => None,
             };
-            Arc::new(EtcdStore::connect(&config.url, &config.table, user).await?)
+            let tls = config.tls.as_ref();
+            Arc::new(EtcdStore::connect_with_tls(&config.url, &config.table, user, tls).await?)
         }
         #[cfg(not(feature = "etcd"))]
         StoreKind::Etcd => return Err(StoreError::NotBuilt("etcd")),

@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::{stream, FutureExt};
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions};
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgListener, PgPool, PgPoolOptions, PgSslMode,
+};
 use sqlx::Connection;
 
 use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, Target};
+use super::tls::PgTlsParams;
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
     LeaseStore, Member, RoleName, StoreError,
@@ -61,11 +64,21 @@ impl PostgresStore {
     /// Creates a lazily connecting pool: a database that is down at start is
     /// reported by the first call, and retried by the coordinator. Refuses a
     /// bad table name or URL.
+    ///
+    /// TLS follows libpq's URL parameters `sslmode` (`disable`, `prefer`,
+    /// `require`, `verify-ca`, `verify-full`), `sslrootcert`, `sslcert` and
+    /// `sslkey`; the files are checked here, so a bad one is refused at
+    /// start, and read again by every new connection.
     pub async fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
         check_table_name(table)?;
-        let options = PgConnectOptions::from_str(url)
+        let tls = PgTlsParams::parse(url).map_err(|e| StoreError::config("store.url", e))?;
+        tls.check_files()?;
+        let mut options = PgConnectOptions::from_str(url)
             .map_err(|e| StoreError::config("store.url", e))?
             .application_name("rolegate");
+        if tls.require_means_verify_ca() {
+            options = options.ssl_mode(PgSslMode::VerifyCa);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .min_connections(0)

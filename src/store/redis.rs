@@ -13,12 +13,12 @@ use std::time::Duration;
 use futures_util::future::BoxFuture;
 use futures_util::{FutureExt, StreamExt};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::RedisError;
+use redis::{ClientTlsConfig, RedisError, TlsCertificates};
 use tokio::sync::Mutex;
 
 use super::{
-    check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, RoleName, StoreError,
+    check_table_name, check_tls_rules, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo,
+    LeaseRecord, LeaseStore, Member, RoleName, StoreError, StoreKind, StoreTls,
 };
 
 /// Leases in one Redis primary, under the key namespace `ns`.
@@ -36,11 +36,41 @@ pub struct RedisStore {
 }
 
 impl RedisStore {
-    /// `url`: `redis://[:password@]host:port[/db]`. Connects lazily. Refuses
-    /// a bad namespace or URL.
+    /// `url`: `redis://[:password@]host:port[/db]`, or `rediss://` for TLS
+    /// verified against the web PKI roots. Connects lazily. Refuses a bad
+    /// namespace or URL.
     pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
+        Self::connect_with_tls(url, namespace, None).await
+    }
+
+    /// Like [`Self::connect`], with `store.tls` for a `rediss://` URL: the
+    /// server is verified against its CA file, and its client certificate
+    /// is shown. The files are read and checked here (restart to rotate).
+    pub async fn connect_with_tls(
+        url: &str,
+        namespace: &str,
+        tls: Option<&StoreTls>,
+    ) -> Result<Self, StoreError> {
         check_table_name(namespace)?;
-        let client = redis::Client::open(url).map_err(|e| StoreError::config("store.url", e))?;
+        check_tls_rules(StoreKind::Redis, url, tls)
+            .map_err(|e| StoreError::config(e.field(), e))?;
+        let bad_url = |e| StoreError::config("store.url", e);
+        let client = match tls {
+            None => redis::Client::open(url).map_err(bad_url)?,
+            Some(tls) => {
+                let material = tls.load()?;
+                let certificates = TlsCertificates {
+                    client_tls: material.identity.map(|(client_cert, client_key)| {
+                        ClientTlsConfig {
+                            client_cert,
+                            client_key,
+                        }
+                    }),
+                    root_cert: material.ca,
+                };
+                redis::Client::build_with_tls(url, certificates).map_err(bad_url)?
+            }
+        };
         Ok(Self {
             at: client.get_connection_info().addr.to_string(),
             client,

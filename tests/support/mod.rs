@@ -5,8 +5,10 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod conformance;
 pub mod etcd;
 pub mod intervals;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -129,6 +131,14 @@ pub struct PrivatePostgres {
 
 impl PrivatePostgres {
     pub fn start() -> Self {
+        let pg = Self::init();
+        pg.start_server();
+        pg
+    }
+
+    /// A new cluster's data directory (`initdb`), owned by `postgres` when
+    /// run as root; not started.
+    pub fn init() -> Self {
         let bin = pg_bin_dir();
         let dir = std::env::temp_dir().join(format!(
             "rolegate-pg-{}-{}",
@@ -159,13 +169,11 @@ impl PrivatePostgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let pg = Self {
+        Self {
             bin,
             dir,
             port: free_port(),
-        };
-        pg.start_server();
-        pg
+        }
     }
 
     pub fn url(&self) -> String {
@@ -173,6 +181,11 @@ impl PrivatePostgres {
     }
 
     pub fn start_server(&self) {
+        self.start_server_with("");
+    }
+
+    /// Starts the server with `extra` server options (`-c key=value ...`).
+    pub fn start_server_with(&self, extra: &str) {
         let out = pg_command(&self.bin, "pg_ctl")
             .arg("-D")
             .arg(self.dir.join("data"))
@@ -180,7 +193,7 @@ impl PrivatePostgres {
             .arg(self.dir.join("data/server.log"))
             .arg("-o")
             .arg(format!(
-                "-p {} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off",
+                "-p {} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off {extra}",
                 self.port
             ))
             .args(["-w", "start"])
@@ -361,6 +374,20 @@ impl PrivateServer {
         ];
         let mut s = Self {
             program: require_binary("etcd"),
+            args,
+            child: None,
+            dir,
+            port,
+        };
+        s.start_server();
+        s
+    }
+
+    /// Starts `program` with `args`, its log and files in `dir`, and waits
+    /// until it accepts connections on `port`.
+    pub fn launch(program: PathBuf, args: Vec<String>, dir: PathBuf, port: u16) -> Self {
+        let mut s = Self {
+            program,
             args,
             child: None,
             dir,

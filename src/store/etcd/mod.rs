@@ -36,15 +36,18 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, ConnectOptions, Txn, TxnOp, WatchOptions};
+use etcd_client::{
+    Certificate, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp, WatchOptions,
+};
 use futures_util::future::{join_all, BoxFuture};
 use futures_util::{stream, FutureExt};
 use tokio::sync::Mutex;
 
 use super::error::{with_sources, BoxError};
+use super::tls::etcd_uses_https;
 use super::{
-    check_table_name, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore,
-    Member, RoleName, StoreError,
+    check_table_name, check_tls_rules, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
+    LeaseStore, Member, RoleName, StoreError, StoreKind, StoreTls, TlsRuleError,
 };
 use keepalive::{InstanceLease, Renewal};
 use members::{CallError, Members, Patience};
@@ -89,6 +92,21 @@ fn cause(e: etcd_client::Error) -> BoxError {
     }
 }
 
+/// The TLS settings of every member's connection: `tls`'s CA (else the
+/// web PKI roots) and client certificate.
+fn tls_options(tls: Option<&StoreTls>) -> Result<TlsOptions, StoreError> {
+    let material = tls.map(StoreTls::load).transpose()?.unwrap_or_default();
+    let mut options = TlsOptions::new();
+    options = match material.ca {
+        Some(pem) => options.ca_certificate(Certificate::from_pem(pem)),
+        None => options.with_webpki_roots(),
+    };
+    if let Some((cert, key)) = material.identity {
+        options = options.identity(Identity::from_pem(cert, key));
+    }
+    Ok(options)
+}
+
 /// An instance's lease slot: empty until the first claim, or after the
 /// cluster said the lease is gone and no new one was granted yet.
 type LeaseSlot = Arc<Mutex<Option<InstanceLease>>>;
@@ -116,7 +134,23 @@ impl EtcdStore {
         namespace: &str,
         user: Option<(&str, &str)>,
     ) -> Result<Self, StoreError> {
+        Self::connect_with_tls(endpoints, namespace, user, None).await
+    }
+
+    /// Like [`Self::connect`], for `https://` endpoints (all of them, or
+    /// none), verified against `tls`'s CA file (else the web PKI roots) and
+    /// shown its client certificate. The files are read and checked here
+    /// (restart to rotate).
+    pub async fn connect_with_tls(
+        endpoints: &str,
+        namespace: &str,
+        user: Option<(&str, &str)>,
+        tls: Option<&StoreTls>,
+    ) -> Result<Self, StoreError> {
         check_table_name(namespace)?;
+        let bad = |e: TlsRuleError| StoreError::config(e.field(), e);
+        check_tls_rules(StoreKind::Etcd, endpoints, tls).map_err(bad)?;
+        let https = etcd_uses_https(endpoints).map_err(bad)?;
         let eps: Vec<String> = endpoints
             .split(',')
             .map(|e| e.trim().trim_start_matches("etcd://").to_string())
@@ -130,6 +164,9 @@ impl EtcdStore {
             .with_keep_alive(PING_INTERVAL, PING_TIMEOUT);
         if let Some((u, p)) = user {
             options = options.with_user(u, p);
+        }
+        if https {
+            options = options.with_tls(tls_options(tls)?);
         }
         let at = eps.join(",");
         let members = Arc::new(Members::new(eps, options));

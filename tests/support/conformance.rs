@@ -1,0 +1,371 @@
+//! The lease contract every store must keep (SPEC 3 and 4), as one body of
+//! checks: `tests/store_conformance.rs` runs each as its own test against
+//! every backend, and `tests/store_tls.rs` runs them all against stores
+//! opened over TLS. Each check takes a fresh store (its own table or key
+//! namespace).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rolegate::store::{Claim, InstanceInfo, LeaseStore, RoleName};
+
+/// `for_each_check!(m!(args))` calls `m!(args; check, check, ...)` with the
+/// name of every check.
+macro_rules! for_each_check {
+    ($m:ident ! ($($args:tt)*)) => {
+        $m! { $($args)*;
+            first_acquire_is_granted,
+            concurrent_acquirers_have_exactly_one_winner,
+            renew_keeps_the_token,
+            renew_after_expiry_is_refused_once_taken_over,
+            renewal_of_an_expired_term_starts_a_new_term,
+            release_lets_another_acquire_with_a_greater_token,
+            snapshot_reports_holders_tokens_and_time_left,
+            release_notification_reaches_a_waiting_instance,
+            names_over_128_bytes_are_refused,
+            batched_claims_cover_many_roles_in_one_call,
+            presence_lists_live_members_and_forgets_gone_ones
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use for_each_check;
+
+/// Runs every check in turn, each on a fresh store from `make`.
+pub async fn run_all<F, Fut>(mut make: F, scale: Scale)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Arc<dyn LeaseStore>>,
+{
+    macro_rules! run {
+        (; $($name:ident),*) => {
+            $(
+                eprintln!("conformance: {}", stringify!($name));
+                $name(make().await, scale).await;
+            )*
+        };
+    }
+    for_each_check!(run!());
+}
+
+/// Short test durations, scaled for stores whose TTLs are coarse (etcd grants
+/// whole seconds, at least 2 s, and revokes expired leases every ~0.5 s).
+#[derive(Clone, Copy)]
+pub struct Scale {
+    pub factor: u64,
+    /// Extra wait before a term counts as expired.
+    pub slack_ms: u64,
+}
+
+impl Scale {
+    pub const FINE: Scale = Scale {
+        factor: 1,
+        slack_ms: 0,
+    };
+    pub const SECONDS: Scale = Scale {
+        factor: 10,
+        slack_ms: 1_000,
+    };
+
+    pub fn ms(self, ms: u64) -> u64 {
+        ms * self.factor
+    }
+
+    /// Sleeps until a term of `ms` (unscaled) has surely expired.
+    pub async fn past(self, ms: u64) {
+        tokio::time::sleep(Duration::from_millis(ms * self.factor + self.slack_ms)).await;
+    }
+}
+
+pub fn instance(n: u32) -> InstanceInfo {
+    InstanceInfo {
+        id: format!("inst-{n}-{:08x}", rand_suffix()),
+        address: format!("http://127.0.0.1:{}", 10_000 + n),
+    }
+}
+
+pub fn rand_suffix() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(1);
+    N.fetch_add(1, Ordering::Relaxed)
+        .wrapping_mul(2_654_435_761)
+}
+
+pub fn role(name: &str) -> RoleName {
+    RoleName::new(name).expect("a valid role name")
+}
+
+pub fn roles(names: &[&str]) -> Vec<RoleName> {
+    names.iter().map(|n| role(n)).collect()
+}
+
+pub fn claim(name: &str, held: Option<u64>, ms: u64) -> Claim {
+    Claim {
+        role: role(name),
+        held_token: held,
+        duration: Duration::from_millis(ms),
+    }
+}
+
+pub async fn grant(
+    store: &dyn LeaseStore,
+    who: &InstanceInfo,
+    role: &str,
+    held: Option<u64>,
+    ms: u64,
+) -> Option<u64> {
+    let grants = store
+        .claim(who, &[claim(role, held, ms)])
+        .await
+        .expect("claim");
+    assert!(grants.len() <= 1);
+    grants.into_iter().find(|g| g.role == role).map(|g| g.token)
+}
+
+pub async fn registered(store: &Arc<dyn LeaseStore>, roles: &[&str]) {
+    let roles = self::roles(roles);
+    store.register(&roles).await.expect("register");
+    // Registering twice is harmless.
+    store.register(&roles).await.expect("register again");
+}
+
+pub async fn first_acquire_is_granted(store: Arc<dyn LeaseStore>, _scale: Scale) {
+    registered(&store, &["alpha"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "alpha", None, 5_000)
+        .await
+        .expect("free role granted");
+    assert!(t >= 1);
+}
+
+pub async fn concurrent_acquirers_have_exactly_one_winner(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    registered(&store, &["contested"]).await;
+    let rounds = if scale.factor > 1 { 3 } else { 5 };
+    for round in 0..rounds {
+        let role = "contested";
+        let mut tasks = Vec::new();
+        for n in 0..8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let who = instance(n);
+                grant(&*store, &who, role, None, scale.ms(400)).await
+            }));
+        }
+        let mut winners = 0;
+        for t in tasks {
+            if t.await.expect("task").is_some() {
+                winners += 1;
+            }
+        }
+        assert_eq!(
+            winners, 1,
+            "round {round}: exactly one of 8 concurrent acquirers wins"
+        );
+        scale.past(450).await;
+    }
+}
+
+pub async fn renew_keeps_the_token(store: Arc<dyn LeaseStore>, _scale: Scale) {
+    registered(&store, &["r"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "r", None, 2_000).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(grant(&*store, &a, "r", Some(t), 2_000).await, Some(t));
+    }
+    let b = instance(2);
+    assert_eq!(
+        grant(&*store, &b, "r", None, 2_000).await,
+        None,
+        "held role is not granted to another"
+    );
+}
+
+pub async fn renew_after_expiry_is_refused_once_taken_over(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    registered(&store, &["x"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "x", None, scale.ms(200)).await.unwrap();
+    scale.past(300).await;
+    let t2 = grant(&*store, &b, "x", None, 5_000)
+        .await
+        .expect("expired role taken over");
+    assert!(t2 > t1, "takeover bumps the token: {t1} -> {t2}");
+    assert_eq!(
+        grant(&*store, &a, "x", Some(t1), 5_000).await,
+        None,
+        "late renewal refused"
+    );
+}
+
+pub async fn renewal_of_an_expired_term_starts_a_new_term(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    registered(&store, &["y"]).await;
+    let a = instance(1);
+    let t1 = grant(&*store, &a, "y", None, scale.ms(150)).await.unwrap();
+    scale.past(250).await;
+    let t2 = grant(&*store, &a, "y", Some(t1), 1_000)
+        .await
+        .expect("free again");
+    assert!(t2 > t1, "an expired term is never extended: {t1} -> {t2}");
+    // A wrong token on an unexpired term of our own also starts a new term.
+    let t3 = grant(&*store, &a, "y", Some(t2 + 100), 1_000)
+        .await
+        .unwrap();
+    assert!(t3 > t2);
+}
+
+pub async fn release_lets_another_acquire_with_a_greater_token(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
+    registered(&store, &["rel"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "rel", None, 60_000).await.unwrap();
+    // A release by someone else, or with the wrong token, does nothing.
+    assert!(store
+        .release(&b, &[(role("rel"), t1)])
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(store
+        .release(&a, &[(role("rel"), t1 + 1)])
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(grant(&*store, &b, "rel", None, 60_000).await, None);
+    assert_eq!(
+        store.release(&a, &[(role("rel"), t1)]).await.unwrap(),
+        vec!["rel".to_string()]
+    );
+    let t2 = grant(&*store, &b, "rel", None, 60_000)
+        .await
+        .expect("released role granted at once");
+    assert!(t2 > t1);
+}
+
+pub async fn snapshot_reports_holders_tokens_and_time_left(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
+    registered(&store, &["s1", "s2", "s3"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let t1 = grant(&*store, &a, "s1", None, 10_000).await.unwrap();
+    let t2 = grant(&*store, &b, "s2", None, 10_000).await.unwrap();
+    let names = roles(&["s1", "s2", "s3"]);
+    let mut snap = store.snapshot(&names).await.unwrap();
+    snap.sort_by(|x, y| x.role.cmp(&y.role));
+    assert_eq!(snap.len(), 3);
+    assert_eq!(snap[0].holder.as_deref(), Some(a.id.as_str()));
+    assert_eq!(snap[0].holder_address.as_deref(), Some(a.address.as_str()));
+    assert_eq!(snap[0].token, t1);
+    assert!(
+        snap[0].remaining > Duration::from_millis(8_000)
+            && snap[0].remaining <= Duration::from_millis(10_000)
+    );
+    assert_eq!(snap[1].holder.as_deref(), Some(b.id.as_str()));
+    assert_eq!(snap[1].token, t2);
+    assert_eq!(snap[2].holder, None);
+    assert_eq!(snap[2].remaining, Duration::ZERO);
+    let all = store.snapshot(&[]).await.unwrap();
+    assert!(all.len() >= 3);
+}
+
+pub async fn release_notification_reaches_a_waiting_instance(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
+    registered(&store, &["n"]).await;
+    let a = instance(1);
+    let t = grant(&*store, &a, "n", None, 60_000).await.unwrap();
+    let mut feed = store.subscribe().await.expect("subscribe");
+    // Drain anything queued before.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while feed.try_recv().is_ok() {}
+    store.release(&a, &[(role("n"), t)]).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), feed.recv())
+        .await
+        .expect("notification within 2s")
+        .expect("feed open");
+}
+
+pub async fn names_over_128_bytes_are_refused(store: Arc<dyn LeaseStore>, _scale: Scale) {
+    let a = instance(1);
+    // A name over the limit cannot even be made, so no store ever sees one.
+    let long = "r".repeat(129);
+    assert!(RoleName::new(&long).is_err());
+    let ok = "r".repeat(128);
+    registered(&store, &[ok.as_str()]).await;
+    assert!(grant(&*store, &a, &ok, None, 1_000).await.is_some());
+}
+
+pub async fn batched_claims_cover_many_roles_in_one_call(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
+    let names: Vec<RoleName> = (0..300)
+        .map(|i| role(&format!("batch:partition-{i}")))
+        .collect();
+    store.register(&names).await.unwrap();
+    let a = instance(1);
+    let claims: Vec<Claim> = names.iter().map(|n| claim(n, None, 5_000)).collect();
+    let grants = store.claim(&a, &claims).await.unwrap();
+    assert_eq!(grants.len(), 300);
+    let renew: Vec<Claim> = grants
+        .iter()
+        .map(|g| claim(&g.role, Some(g.token), 5_000))
+        .collect();
+    let again = store.claim(&a, &renew).await.unwrap();
+    assert_eq!(again.len(), 300);
+    for g in &grants {
+        let renewed = again
+            .iter()
+            .find(|x| x.role == g.role)
+            .expect("every role renewed");
+        assert_eq!(
+            renewed.token, g.token,
+            "renewal keeps the token of {}",
+            g.role
+        );
+    }
+    let b = instance(2);
+    assert!(store.claim(&b, &claims).await.unwrap().is_empty());
+}
+
+/// Presence: a record is listed while it lives, with its address and
+/// candidacy; `leave` removes it at once; one not refreshed expires.
+pub async fn presence_lists_live_members_and_forgets_gone_ones(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let (a, b, c) = (instance(1), instance(2), instance(3));
+    let ttl = Duration::from_millis(scale.ms(300));
+    let ids = |ms: &[rolegate::store::Member]| -> Vec<String> {
+        let mut ids: Vec<String> = ms.iter().map(|m| m.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    let seen = store.presence(&a, true, ttl).await.expect("presence");
+    assert!(ids(&seen).contains(&a.id), "{seen:?}");
+    let seen = store.presence(&b, false, ttl).await.expect("presence");
+    let mine = seen.iter().find(|m| m.id == b.id).expect("b listed");
+    assert_eq!(mine.address, b.address);
+    assert!(!mine.candidate);
+    let other = seen.iter().find(|m| m.id == a.id).expect("a listed");
+    assert!(other.candidate);
+    store.leave(&b).await.expect("leave");
+    let seen = store.presence(&a, true, ttl).await.unwrap();
+    assert!(!ids(&seen).contains(&b.id), "b left: {seen:?}");
+    // a stops refreshing: expired, it is no longer listed.
+    scale.past(400).await;
+    let seen = store.presence(&c, true, ttl).await.unwrap();
+    assert!(!ids(&seen).contains(&a.id), "a expired: {seen:?}");
+    assert!(ids(&seen).contains(&c.id));
+}
