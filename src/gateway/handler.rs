@@ -16,18 +16,40 @@ use crate::events::EventLog;
 use crate::lease::Coordinator;
 use crate::proxy::forward::{prepare_headers, sanitize_headers};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
-use crate::proxy::headers::{ROLE, TOKEN};
+use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{failure_problem, Forwarder, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
 
+/// What the gateway knows of a connection, from the socket and the TLS
+/// session only (never from a header).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionFacts {
+    /// The peer's address.
+    pub(crate) client: SocketAddr,
+    /// The client presented a certificate that chains to `peers.ca_file`.
+    pub(crate) verified_peer: bool,
+}
+
+impl ConnectionFacts {
+    /// A connection without TLS: no certificate, so never a verified peer.
+    pub(crate) fn plain(client: SocketAddr) -> Self {
+        Self {
+            client,
+            verified_peer: false,
+        }
+    }
+}
+
 /// Everything a request needs, shared by all connections.
 pub(crate) struct GatewayState {
     routes: RouteTable<GateTarget>,
     settings: GateSettings,
     upstream: String,
+    /// `peers.require_client_cert`: hop-marked requests need a verified peer.
+    hops_need_peer_cert: bool,
     /// `--events`: local admissions are logged here.
     events: Option<Arc<EventLog>>,
 }
@@ -74,6 +96,7 @@ impl GatewayState {
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
             },
             upstream,
+            hops_need_peer_cert: config.peers.require_client_cert,
             events,
         })
     }
@@ -82,9 +105,20 @@ impl GatewayState {
     pub(crate) async fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: ConnectionFacts,
     ) -> Response<Body> {
         let mut req = req.map(Body::new);
+        let client = conn.client;
+        if self.hops_need_peer_cert && !conn.verified_peer && carries_hop_marker(req.headers()) {
+            // Before any hop handling: no signature check, no forwarding,
+            // never the app.
+            tracing::debug!(%client, "hop-marked request without a peer certificate refused");
+            let (resp, outcome) = self.settings.reject(Problem::new(
+                Reason::PeerCertificateRequired,
+                "a request marked as a gateway hop must come with a peer gateway's client certificate",
+            ));
+            return finish(resp, outcome, None);
+        }
         if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
             // A server-wide capability probe: answered here, gating nothing.
             let mut resp = Response::new(Body::empty());

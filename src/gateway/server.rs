@@ -9,10 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use super::handler::GatewayState;
+use super::handler::{ConnectionFacts, GatewayState};
+use super::tls::ListenerTls;
 use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
 };
@@ -94,6 +96,7 @@ pub(crate) async fn serve(
     state: Arc<GatewayState>,
     tracker: ConnectionTracker,
     limits: ServeLimits,
+    tls: Option<Arc<ListenerTls>>,
 ) {
     let mut stop = tracker.stop.subscribe();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
@@ -105,26 +108,40 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();
-        let connection = serve_connection(stream, client, state.clone(), limits, stop.clone());
+        let (state, tls, mut stop) = (state.clone(), tls.clone(), stop.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let _open = open;
-            connection.await;
+            // The handshake runs here, in the connection's task, never in the accept loop.
+            match tls {
+                None => {
+                    let facts = ConnectionFacts::plain(client);
+                    serve_connection(stream, facts, state, limits, stop).await
+                }
+                Some(tls) => {
+                    if let Some((stream, facts)) = tls.handshake(stream, client, &mut stop).await {
+                        serve_connection(stream, facts, state, limits, stop).await
+                    }
+                }
+            }
         });
     }
 }
 
 /// Serves one connection until it closes, idles out, or shutdown drains it.
-async fn serve_connection(
-    stream: TcpStream,
-    client: SocketAddr,
+async fn serve_connection<S>(
+    stream: S,
+    conn: ConnectionFacts,
     state: Arc<GatewayState>,
     limits: ServeLimits,
     mut stop: Shutdown,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let client = conn.client;
     let service = hyper::service::service_fn(move |req| {
         let state = state.clone();
-        async move { Ok::<_, Infallible>(state.handle(req, client).await) }
+        async move { Ok::<_, Infallible>(state.handle(req, conn).await) }
     });
     let progress = Progress::new();
     progress.touch();

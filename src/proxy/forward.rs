@@ -85,10 +85,16 @@ pub enum ForwardError {
 /// Default `proxy.idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
+type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
+
 /// The pooled client every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: Client<HttpsConnector<HttpConnector>, Body>,
+    client: PooledClient,
+    /// Hops to peer gateways, when `peers` sets a CA or a client
+    /// certificate; else they go through `client`.
+    peer_client: Option<PooledClient>,
+    connect_timeout: Duration,
     response_header_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -105,28 +111,28 @@ impl Forwarder {
         connect_timeout: Duration,
         response_header_timeout: Duration,
     ) -> Result<Self, ForwardError> {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(provider)
-            .map_err(ForwardError::Tls)?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(256)
-            .timer(TokioTimer::new())
-            .build(https);
+            .map_err(ForwardError::Tls)?;
         Ok(Self {
-            client,
+            client: pooled(https, connect_timeout),
+            peer_client: None,
+            connect_timeout,
             response_header_timeout,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         })
+    }
+
+    /// Hops to peer gateways use `tls` (the cluster CA, a client
+    /// certificate) instead of the web PKI roots; `None` keeps the default.
+    /// Requests to the local app are unaffected.
+    pub fn with_peer_tls(mut self, tls: Option<rustls::ClientConfig>) -> Self {
+        if let Some(tls) = tls {
+            let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+            self.peer_client = Some(pooled(https, self.connect_timeout));
+        }
+        self
     }
 
     /// Sets how long an upgraded tunnel may move no byte either way.
@@ -171,6 +177,26 @@ impl Forwarder {
     /// when both sides switch.
     pub async fn proxy(
         &self,
+        req: Request<Body>,
+        base: &str,
+    ) -> Result<Response<Body>, ForwardError> {
+        self.send(&self.client, req, base).await
+    }
+
+    /// [`proxy`](Self::proxy) to a peer gateway: through the peer TLS
+    /// client when `peers` configured one.
+    pub async fn proxy_to_peer(
+        &self,
+        req: Request<Body>,
+        base: &str,
+    ) -> Result<Response<Body>, ForwardError> {
+        let client = self.peer_client.as_ref().unwrap_or(&self.client);
+        self.send(client, req, base).await
+    }
+
+    async fn send(
+        &self,
+        client: &PooledClient,
         mut req: Request<Body>,
         base: &str,
     ) -> Result<Response<Body>, ForwardError> {
@@ -193,7 +219,7 @@ impl Forwarder {
         let watch = Arc::new(BodyWatch::default());
         let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let send = self.client.request(req);
+        let send = client.request(req);
         let head_deadline = async {
             watch.ended().await;
             tokio::time::sleep(self.response_header_timeout).await;
@@ -243,6 +269,24 @@ impl Forwarder {
         *resp.version_mut() = http::Version::HTTP_11;
         Ok(resp.map(Body::new))
     }
+}
+
+/// A pooled HTTP/1.1 client over `tls` (http URLs go in the clear).
+fn pooled(
+    tls: hyper_rustls::HttpsConnectorBuilder<hyper_rustls::builderstates::WantsSchemes>,
+    connect_timeout: Duration,
+) -> PooledClient {
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let https = tls.https_or_http().enable_http1().wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_max_idle_per_host(256)
+        .timer(TokioTimer::new())
+        .build(https)
 }
 
 /// Copies bytes both ways once client and peer have switched protocols,

@@ -319,7 +319,7 @@ impl GateSettings {
         {
             req.headers_mut().insert(HOP, marker);
         }
-        match self.forwarder.proxy(req, address).await {
+        match self.forwarder.proxy_to_peer(req, address).await {
             Ok(resp) => (resp, Outcome::Forwarded),
             Err(e) => {
                 let hop = NextHop::Holder {
