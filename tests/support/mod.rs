@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod etcd;
 pub mod intervals;
+pub mod tls;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
