@@ -310,3 +310,63 @@ async fn a_replaced_certificate_is_served_to_new_handshakes_while_open_connectio
     let ok = r#"rolegate_tls_certificate_reloads_total{outcome="ok"}"#;
     assert!(metric(&scrape().await, ok) >= 1.0);
 }
+
+/// `rolegate check-config --config <file>`: (success, stdout + stderr).
+fn check_config(file: &Path) -> (bool, String) {
+    let out = std::process::Command::new(cluster::bin())
+        .args(["check-config", "--config"])
+        .arg(file)
+        .output()
+        .expect("run check-config");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+#[test]
+fn every_yaml_example_in_docs_transport_passes_check_config() {
+    let pki = Pki::new("tls_docs");
+    // The docs name gateway.pem/.key and cluster-ca.pem, as `Pki` writes them.
+    let dir = &pki.dir;
+    Ca::new("clients").write(dir, "clients-ca.pem");
+    pki.cluster.issue("peer").write(dir, "peer");
+    let doc = include_str!("../docs/transport.md");
+    let blocks: Vec<&str> = doc
+        .split("```yaml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split("\n```").next())
+        .collect();
+    assert!(blocks.len() >= 4, "only {} yaml blocks found", blocks.len());
+    for (i, block) in blocks.iter().enumerate() {
+        let file = dir.join(format!("example-{i}.yaml"));
+        let prefix = format!("{}/", dir.display());
+        std::fs::write(&file, block.replace("/etc/rolegate/tls/", &prefix)).unwrap();
+        let (ok, out) = check_config(&file);
+        assert!(ok, "docs/transport.md yaml block {i} refused:\n{block}\n{out}");
+    }
+}
+
+#[test]
+fn check_config_refuses_a_key_that_does_not_match_its_certificate_and_https_without_tls() {
+    let pki = Pki::new("tls_check");
+    let other = pki.cluster.issue("other").write(&pki.dir, "other");
+    let file = pki.dir.join("mismatch.yaml");
+    let yaml = format!(
+        "tls:\n  cert_file: {}\n  key_file: {}\n",
+        pki.server.0.display(),
+        other.1.display()
+    );
+    std::fs::write(&file, yaml).unwrap();
+    let (ok, out) = check_config(&file);
+    assert!(!ok);
+    assert!(out.contains("tls.key_file") && out.contains("does not match"), "{out}");
+
+    std::fs::write(&file, pki.tls_yaml(None).replace("gateway.pem", "missing.pem")).unwrap();
+    let (ok, out) = check_config(&file);
+    assert!(!ok);
+    assert!(out.contains("tls.cert_file: cannot read"), "{out}");
+
+    std::fs::write(&file, "instance:\n  advertise: https://10.0.0.7:8443\n").unwrap();
+    let (ok, out) = check_config(&file);
+    assert!(!ok);
+    assert!(out.contains("instance.advertise") && out.contains("set `tls`"), "{out}");
+}
