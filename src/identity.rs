@@ -89,7 +89,11 @@ mod tests {
             "http://127.0.0.1:8080"
         );
         assert_eq!(
-            advertise_address(Some("https://a.example/"), "0.0.0.0:1".parse().unwrap(), false),
+            advertise_address(
+                Some("https://a.example/"),
+                "0.0.0.0:1".parse().unwrap(),
+                false
+            ),
             "https://a.example"
         );
         let wild = advertise_address(None, "0.0.0.0:8080".parse().unwrap(), false);

@@ -92,7 +92,7 @@ pub enum TlsError {
         key_path: PathBuf,
         /// What rustls reported.
         #[source]
-        source: rustls::Error,
+        source: Box<rustls::Error>,
     },
     /// A CA file holds a certificate that cannot be a trust anchor.
     #[error("{key}: {} holds a certificate that is not a usable CA", path.display())]
@@ -196,7 +196,7 @@ pub(crate) fn certified_key(
         key: keys.1,
         cert_path: cert_path.to_path_buf(),
         key_path: key_path.to_path_buf(),
-        source,
+        source: Box::new(source),
     })
 }
 
@@ -325,7 +325,11 @@ impl ClientAuth {
 /// so `check-config` refuses what `run` would.
 pub fn check_files(tls: Option<&TlsConfig>, peers: &PeersConfig) -> Result<(), TlsError> {
     if let Some(tls) = tls {
-        certified_key(("tls.cert_file", "tls.key_file"), &tls.cert_file, &tls.key_file)?;
+        certified_key(
+            ("tls.cert_file", "tls.key_file"),
+            &tls.cert_file,
+            &tls.key_file,
+        )?;
         ClientAuth::new(tls, peers)?;
     }
     peer_client_config(peers)?;

@@ -72,11 +72,17 @@ async fn start_tls(n: usize, spec: &ClusterSpec, extra: &str, app: &TestApp) -> 
 }
 
 /// Starts gateway 0 (which then holds `maintenance`) and the others.
-async fn start_pair(spec: &ClusterSpec, extras: &[String], apps: &[TestApp]) -> Vec<GatewayProcess> {
+async fn start_pair(
+    spec: &ClusterSpec,
+    extras: &[String],
+    apps: &[TestApp],
+) -> Vec<GatewayProcess> {
     let mut gws = vec![start_tls(0, spec, &extras[0], &apps[0]).await];
-    support::wait_for_async("gateway 0 holds maintenance", Duration::from_secs(10), || async {
-        gws[0].held().await.get("maintenance").is_some_and(|h| h.0)
-    })
+    support::wait_for_async(
+        "gateway 0 holds maintenance",
+        Duration::from_secs(10),
+        || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
+    )
     .await;
     for (n, extra) in extras.iter().enumerate().skip(1) {
         gws.push(start_tls(n, spec, extra, &apps[n]).await);
@@ -113,12 +119,26 @@ async fn gated_request_through_the_non_holder_is_forwarded_over_https_to_the_hol
     let (status, headers, body) = support::tls::get(gws[1].port, client, "/maintenance/job", &[])
         .await
         .unwrap();
-    assert_eq!(status, StatusCode::CREATED, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
     assert_eq!(headers["x-app"], "0", "executed by the holder's app");
     assert_eq!(apps[0].executed_paths(), vec!["/maintenance/job"]);
     assert!(apps[1].executed().is_empty());
+    let seen = &apps[0].executed()[0].headers;
+    assert_eq!(seen["x-forwarded-proto"], "https", "{seen:?}");
+    let forwarded = seen["forwarded"].to_str().unwrap();
+    assert!(
+        forwarded.contains("proto=https") && !forwarded.contains("proto=http;"),
+        "{forwarded}"
+    );
     // The holder's listener speaks only TLS: a plain request gets no answer.
-    assert!(cluster::get(&format!("{}/maintenance/x", gws[0].url())).await.is_err());
+    assert!(cluster::get(&format!("{}/maintenance/x", gws[0].url()))
+        .await
+        .is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,16 +181,26 @@ async fn with_require_client_cert_only_a_peer_certificate_lets_a_hop_through() {
     let gws = start_pair(&spec, &[holder, with_cert, without], &apps).await;
     let anonymous = client_config(&pki.cluster, None);
 
-    let (status, headers, _) = support::tls::get(gws[1].port, anonymous.clone(), "/maintenance/a", &[])
-        .await
-        .unwrap();
-    assert_eq!(status, StatusCode::CREATED, "a peer with a client certificate forwards");
+    let (status, headers, _) =
+        support::tls::get(gws[1].port, anonymous.clone(), "/maintenance/a", &[])
+            .await
+            .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "a peer with a client certificate forwards"
+    );
     assert_eq!(headers["x-app"], "0");
 
-    let (status, _, body) = support::tls::get(gws[2].port, anonymous.clone(), "/maintenance/b", &[])
-        .await
-        .unwrap();
-    assert_eq!(status, StatusCode::FORBIDDEN, "a peer without one is refused by the holder");
+    let (status, _, body) =
+        support::tls::get(gws[2].port, anonymous.clone(), "/maintenance/b", &[])
+            .await
+            .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a peer without one is refused by the holder"
+    );
     assert_eq!(reason(&body), "peer-certificate-required");
 
     // Hand-made hops straight to the holder, without a certificate.
@@ -192,7 +222,10 @@ async fn with_require_client_cert_only_a_peer_certificate_lets_a_hop_through() {
     assert_eq!(status, StatusCode::CREATED);
     let executed: Vec<Vec<String>> = apps.iter().map(|a| a.executed_paths()).collect();
     assert_eq!(executed[0], vec!["/maintenance/a", "/maintenance/f"]);
-    assert!(executed[1].is_empty() && executed[2].is_empty(), "{executed:?}");
+    assert!(
+        executed[1].is_empty() && executed[2].is_empty(),
+        "{executed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -212,13 +245,32 @@ async fn a_certificate_from_client_ca_file_does_not_count_as_a_peer() {
     let (status, _, body) = support::tls::get(port, customer.clone(), "/maintenance/a", &hop)
         .await
         .unwrap();
-    assert_eq!(status, StatusCode::FORBIDDEN, "a client certificate is no peer certificate");
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "a client certificate is no peer certificate"
+    );
     assert_eq!(reason(&body), "peer-certificate-required");
-    let (status, _, _) = support::tls::get(port, customer, "/maintenance/b", &[]).await.unwrap();
-    assert_eq!(status, StatusCode::CREATED, "the same client without a marker is served");
-    let (status, _, _) = support::tls::get(port, peer, "/maintenance/c", &hop).await.unwrap();
-    assert_eq!(status, StatusCode::CREATED, "a peer's hop reaches the holder's app");
-    assert_eq!(apps[0].executed_paths(), vec!["/maintenance/b", "/maintenance/c"]);
+    let (status, _, _) = support::tls::get(port, customer, "/maintenance/b", &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "the same client without a marker is served"
+    );
+    let (status, _, _) = support::tls::get(port, peer, "/maintenance/c", &hop)
+        .await
+        .unwrap();
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "a peer's hop reaches the holder's app"
+    );
+    assert_eq!(
+        apps[0].executed_paths(),
+        vec!["/maintenance/b", "/maintenance/c"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -233,16 +285,27 @@ async fn with_client_ca_file_a_client_without_a_certificate_is_refused_at_the_ha
 
     let anonymous = client_config(&pki.cluster, None);
     let refused = support::tls::get(port, anonymous, "/maintenance/a", &[]).await;
-    assert!(refused.is_err(), "served without a client certificate: {refused:?}");
+    assert!(
+        refused.is_err(),
+        "served without a client certificate: {refused:?}"
+    );
     let stranger = client_config(&pki.cluster, Some(&Ca::new("stranger CA").issue("x")));
     let refused = support::tls::get(port, stranger, "/maintenance/b", &[]).await;
-    assert!(refused.is_err(), "served with a certificate from an unknown CA: {refused:?}");
+    assert!(
+        refused.is_err(),
+        "served with a certificate from an unknown CA: {refused:?}"
+    );
 
     let customer = client_config(&pki.cluster, Some(&clients.issue("customer")));
-    let (status, _, _) = support::tls::get(port, customer, "/maintenance/c", &[]).await.unwrap();
+    let (status, _, _) = support::tls::get(port, customer, "/maintenance/c", &[])
+        .await
+        .unwrap();
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(apps[0].executed_paths(), vec!["/maintenance/c"]);
-    let metrics = cluster::get(&format!("{}/metrics", gws[0].admin_url())).await.unwrap().2;
+    let metrics = cluster::get(&format!("{}/metrics", gws[0].admin_url()))
+        .await
+        .unwrap()
+        .2;
     let metrics = String::from_utf8_lossy(&metrics);
     let failures = metric(&metrics, "rolegate_tls_handshake_failures_total");
     assert!(failures >= 2.0, "handshake failures counted: {failures}");
@@ -276,37 +339,59 @@ async fn a_replaced_certificate_is_served_to_new_handshakes_while_open_connectio
     let gws = start_pair(&spec, &[pki.tls_yaml(None)], &apps).await;
     let (port, client) = (gws[0].port, client_config(&pki.cluster, None));
     let mut open = TlsConn::open(port, client.clone()).await.unwrap();
-    assert_eq!(open.get("/maintenance/1", &[]).await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(
+        open.get("/maintenance/1", &[]).await.unwrap().0,
+        StatusCode::CREATED
+    );
     let first = open.server_cert.clone();
 
     let renewed = pki.cluster.issue("gateway renewed");
     replace(&renewed, &pki.server);
-    support::wait_for_async("a new handshake gets the new certificate", Duration::from_secs(5), || {
-        let (client, want) = (client.clone(), renewed.der.clone());
-        async move { TlsConn::open(port, client).await.is_ok_and(|c| c.server_cert == want) }
-    })
+    support::wait_for_async(
+        "a new handshake gets the new certificate",
+        Duration::from_secs(5),
+        || {
+            let (client, want) = (client.clone(), renewed.der.clone());
+            async move {
+                TlsConn::open(port, client)
+                    .await
+                    .is_ok_and(|c| c.server_cert == want)
+            }
+        },
+    )
     .await;
     assert_ne!(first, renewed.der);
     // The connection opened before the reload keeps working.
-    assert_eq!(open.get("/maintenance/2", &[]).await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(
+        open.get("/maintenance/2", &[]).await.unwrap().0,
+        StatusCode::CREATED
+    );
     assert!(gws[0].log().contains("TLS certificate reloaded"));
 
     // A bad new file is refused with a warning; the renewed pair stays.
     let scrape = || async {
-        let m = cluster::get(&format!("{}/metrics", gws[0].admin_url())).await.unwrap().2;
+        let m = cluster::get(&format!("{}/metrics", gws[0].admin_url()))
+            .await
+            .unwrap()
+            .2;
         String::from_utf8_lossy(&m).into_owned()
     };
     let refused = r#"rolegate_tls_certificate_reloads_total{outcome="refused"}"#;
     let before = metric(&scrape().await, refused);
     std::fs::write(&pki.server.0, "-----BEGIN CERTIFICATE-----\nnot base64!\n").unwrap();
-    support::wait_for_async("the bad file is refused", Duration::from_secs(5), || async {
-        metric(&scrape().await, refused) > before
-    })
+    support::wait_for_async(
+        "the bad file is refused",
+        Duration::from_secs(5),
+        || async { metric(&scrape().await, refused) > before },
+    )
     .await;
     assert!(gws[0].log().contains("new TLS certificate refused"));
     let fresh = TlsConn::open(port, client.clone()).await.unwrap();
     assert_eq!(fresh.server_cert, renewed.der, "the previous pair is kept");
-    assert_eq!(open.get("/maintenance/3", &[]).await.unwrap().0, StatusCode::CREATED);
+    assert_eq!(
+        open.get("/maintenance/3", &[]).await.unwrap().0,
+        StatusCode::CREATED
+    );
     let ok = r#"rolegate_tls_certificate_reloads_total{outcome="ok"}"#;
     assert!(metric(&scrape().await, ok) >= 1.0);
 }
@@ -318,7 +403,8 @@ fn check_config(file: &Path) -> (bool, String) {
         .arg(file)
         .output()
         .expect("run check-config");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -341,7 +427,10 @@ fn every_yaml_example_in_docs_transport_passes_check_config() {
         let prefix = format!("{}/", dir.display());
         std::fs::write(&file, block.replace("/etc/rolegate/tls/", &prefix)).unwrap();
         let (ok, out) = check_config(&file);
-        assert!(ok, "docs/transport.md yaml block {i} refused:\n{block}\n{out}");
+        assert!(
+            ok,
+            "docs/transport.md yaml block {i} refused:\n{block}\n{out}"
+        );
     }
 }
 
@@ -358,9 +447,16 @@ fn check_config_refuses_a_key_that_does_not_match_its_certificate_and_https_with
     std::fs::write(&file, yaml).unwrap();
     let (ok, out) = check_config(&file);
     assert!(!ok);
-    assert!(out.contains("tls.key_file") && out.contains("does not match"), "{out}");
+    assert!(
+        out.contains("tls.key_file") && out.contains("does not match"),
+        "{out}"
+    );
 
-    std::fs::write(&file, pki.tls_yaml(None).replace("gateway.pem", "missing.pem")).unwrap();
+    std::fs::write(
+        &file,
+        pki.tls_yaml(None).replace("gateway.pem", "missing.pem"),
+    )
+    .unwrap();
     let (ok, out) = check_config(&file);
     assert!(!ok);
     assert!(out.contains("tls.cert_file: cannot read"), "{out}");
@@ -368,5 +464,8 @@ fn check_config_refuses_a_key_that_does_not_match_its_certificate_and_https_with
     std::fs::write(&file, "instance:\n  advertise: https://10.0.0.7:8443\n").unwrap();
     let (ok, out) = check_config(&file);
     assert!(!ok);
-    assert!(out.contains("instance.advertise") && out.contains("set `tls`"), "{out}");
+    assert!(
+        out.contains("instance.advertise") && out.contains("set `tls`"),
+        "{out}"
+    );
 }

@@ -17,10 +17,10 @@ mod roles;
 mod routes;
 mod store;
 #[cfg(test)]
+mod tests;
+#[cfg(test)]
 mod tests_transport;
 mod transport;
-#[cfg(test)]
-mod tests;
 
 pub use crate::lease::LeaseTimings;
 pub use crate::proxy::KeySource;

@@ -33,9 +33,15 @@ fn tls_and_peers_resolve_to_paths() {
     .unwrap();
     let tls = c.tls.unwrap();
     assert_eq!(tls.cert_file, std::path::PathBuf::from("/t/gw.pem"));
-    assert_eq!(tls.client_ca_file.as_deref(), Some(std::path::Path::new("/t/clients.pem")));
+    assert_eq!(
+        tls.client_ca_file.as_deref(),
+        Some(std::path::Path::new("/t/clients.pem"))
+    );
     assert!(c.peers.require_client_cert);
-    assert_eq!(c.peers.key_file.as_deref(), Some(std::path::Path::new("/t/p.key")));
+    assert_eq!(
+        c.peers.key_file.as_deref(),
+        Some(std::path::Path::new("/t/p.key"))
+    );
 }
 
 #[test]
@@ -56,7 +62,10 @@ fn an_https_advertise_address_needs_tls() {
     assert_eq!(e.key, "instance.advertise");
     assert_eq!(e.line, Some(2));
     assert!(e.message.contains("set `tls`"), "{e}");
-    parse(&format!("{TLS}instance:\n  advertise: https://gw.example:8443\n")).unwrap();
+    parse(&format!(
+        "{TLS}instance:\n  advertise: https://gw.example:8443\n"
+    ))
+    .unwrap();
     parse("instance:\n  advertise: http://gw.example:8080\n").unwrap();
 }
 
@@ -76,8 +85,14 @@ fn require_client_cert_needs_tls_and_the_peer_ca() {
 
 #[test]
 fn a_peer_client_certificate_needs_its_key_and_the_other_way_round() {
-    assert_eq!(refused("peers:\n  cert_file: /t/p.pem\n").key, "peers.key_file");
-    assert_eq!(refused("peers:\n  key_file: /t/p.key\n").key, "peers.cert_file");
+    assert_eq!(
+        refused("peers:\n  cert_file: /t/p.pem\n").key,
+        "peers.key_file"
+    );
+    assert_eq!(
+        refused("peers:\n  key_file: /t/p.key\n").key,
+        "peers.cert_file"
+    );
 }
 
 #[test]

@@ -21,13 +21,15 @@ impl Resolver<'_> {
         Ok(Some(PathBuf::from(s)))
     }
 
-    pub(super) fn tls(&self, raw: Option<&Spanned<RawTls>>) -> Result<Option<TlsConfig>, ConfigError> {
+    pub(super) fn tls(
+        &self,
+        raw: Option<&Spanned<RawTls>>,
+    ) -> Result<Option<TlsConfig>, ConfigError> {
         let Some(raw) = raw else { return Ok(None) };
         let at = Some(&raw.referenced);
         let required = |t: &Option<Text>, key: &str| -> Result<PathBuf, ConfigError> {
-            self.path(t, key)?.ok_or_else(|| {
-                self.err(at, key, "is required when `tls` is set (PEM file)")
-            })
+            self.path(t, key)?
+                .ok_or_else(|| self.err(at, key, "is required when `tls` is set (PEM file)"))
         };
         Ok(Some(TlsConfig {
             cert_file: required(&raw.value.cert_file, "tls.cert_file")?,
@@ -66,8 +68,12 @@ impl Resolver<'_> {
         }
         if let Some(flag) = raw.require_client_cert.as_ref().filter(|b| b.value) {
             let missing = match (tls, &peers.ca_file) {
-                (None, _) => Some("needs `tls`: client certificates are asked for in the TLS handshake"),
-                (_, None) => Some("needs peers.ca_file: it is the CA peer certificates must chain to"),
+                (None, _) => {
+                    Some("needs `tls`: client certificates are asked for in the TLS handshake")
+                }
+                (_, None) => {
+                    Some("needs peers.ca_file: it is the CA peer certificates must chain to")
+                }
                 _ => None,
             };
             if let Some(why) = missing {
@@ -84,7 +90,8 @@ impl Resolver<'_> {
         advertise: Option<&str>,
         tls: Option<&TlsConfig>,
     ) -> Result<(), ConfigError> {
-        let https = advertise.is_some_and(|a| a.len() >= 8 && a[..8].eq_ignore_ascii_case("https://"));
+        let https =
+            advertise.is_some_and(|a| a.len() >= 8 && a[..8].eq_ignore_ascii_case("https://"));
         if https && tls.is_none() {
             return Err(self.err(
                 raw.advertise.as_ref().map(|t| &t.referenced),

@@ -14,7 +14,7 @@ use super::GatewayError;
 use crate::config::{Config, RouteTarget};
 use crate::events::EventLog;
 use crate::lease::Coordinator;
-use crate::proxy::forward::{prepare_headers, sanitize_headers};
+use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
 use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
@@ -29,6 +29,8 @@ use crate::telemetry::{self, TrackedBody};
 pub(crate) struct ConnectionFacts {
     /// The peer's address.
     pub(crate) client: SocketAddr,
+    /// The connection is TLS (the forwarding fields say `https`).
+    pub(crate) tls: bool,
     /// The client presented a certificate that chains to `peers.ca_file`.
     pub(crate) verified_peer: bool,
 }
@@ -38,6 +40,7 @@ impl ConnectionFacts {
     pub(crate) fn plain(client: SocketAddr) -> Self {
         Self {
             client,
+            tls: false,
             verified_peer: false,
         }
     }
@@ -118,6 +121,9 @@ impl GatewayState {
                 "a request marked as a gateway hop must come with a peer gateway's client certificate",
             ));
             return finish(resp, outcome, None);
+        }
+        if conn.tls {
+            req.extensions_mut().insert(ArrivedOverTls);
         }
         if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
             // A server-wide capability probe: answered here, gating nothing.

@@ -86,11 +86,13 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
             which: "",
             source,
         })?;
-    // Before anything contends: a bad pair is refused at start.
-    let tls = match &config.tls {
-        Some(t) => Some(Arc::new(tls::ListenerTls::start(t, &config.peers)?)),
-        None => None,
-    };
+    // Before anything contends: bad TLS files are refused at start.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| tls::ListenerTls::start(t, &config.peers));
+    let tls = tls.transpose()?.map(Arc::new);
+    let forwarder = forwarder(&config)?;
     let advertise = crate::identity::advertise_address(
         config.instance.advertise.as_deref(),
         bound,
@@ -106,12 +108,6 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     if let Some(log) = &events {
         log.started(coordinator.instance_id());
     }
-    let forwarder = Forwarder::new(
-        config.proxy.connect_timeout,
-        config.proxy.response_header_timeout,
-    )?
-    .with_idle_timeout(config.proxy.idle_timeout)
-    .with_peer_tls(crate::tls::peer_client_config(&config.peers)?);
     let state = Arc::new(GatewayState::new(&config, &coordinator, forwarder, events)?);
     tracing::info!(
         instance = coordinator.instance_id(),
@@ -141,6 +137,17 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
     Ok(())
+}
+
+/// The client for the app and for hops to peers (`peers`: CA, client certificate).
+fn forwarder(config: &Config) -> Result<Forwarder, GatewayError> {
+    let peer_tls = crate::tls::peer_client_config(&config.peers)?;
+    Ok(Forwarder::new(
+        config.proxy.connect_timeout,
+        config.proxy.response_header_timeout,
+    )?
+    .with_idle_timeout(config.proxy.idle_timeout)
+    .with_peer_tls(peer_tls))
 }
 
 /// `proxy.max_connections`, lowered to fit the open-files limit.

@@ -78,6 +78,7 @@ impl ListenerTls {
                 let chain = stream.get_ref().1.peer_certificates();
                 let facts = ConnectionFacts {
                     client,
+                    tls: true,
                     verified_peer: self.auth.is_peer(chain),
                 };
                 return Some((stream, facts));

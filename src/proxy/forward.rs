@@ -449,13 +449,23 @@ pub struct HopContext<'a> {
     pub to_peer: bool,
 }
 
+/// Request extension: the request came to this gateway over TLS, so the
+/// forwarding fields say `proto=https`. Set by the listener only.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrivedOverTls;
+
 /// Prepares a request's headers for the next hop: client-sent rolegate
 /// fields and look-alikes removed, forwarding fields replaced unless trusted,
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.
 pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
+    let proto = if req.extensions().get::<ArrivedOverTls>().is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let headers = req.headers_mut();
     sanitize_headers(headers, hop.trusted, hop.upgrades);
-    add_forwarding(headers, hop.client, hop.by, "http", hop.to_peer);
+    add_forwarding(headers, hop.client, hop.by, proto, hop.to_peer);
     // HTTP/1.0 clients may send no Host; the URI authority fills it later.
     if let Some(h) = headers.get(header::HOST) {
         if h.is_empty() {

@@ -373,7 +373,10 @@ mod tests {
     fn hop_markers_are_seen_in_every_spelling_and_in_a_peer_via() {
         assert!(carries_hop_marker(&map(&[("x-rolegate-hop", "gw")])));
         assert!(carries_hop_marker(&map(&[("x_rolegate_hop", "gw")])));
-        assert!(carries_hop_marker(&map(&[("via", "1.0 a, 1.1 rolegate (gw-1)")])));
+        assert!(carries_hop_marker(&map(&[(
+            "via",
+            "1.0 a, 1.1 rolegate (gw-1)"
+        )])));
         assert!(!carries_hop_marker(&map(&[("via", "1.1 rolegate")])));
         assert!(!carries_hop_marker(&map(&[("via", "1.1 other (x)")])));
         assert!(!carries_hop_marker(&map(&[("x-rolegate-role", "r")])));
