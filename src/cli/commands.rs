@@ -185,7 +185,11 @@ pub(super) async fn probe(url: &str) -> ExitCode {
         Err(e) => return fail(&e),
     };
     if forwarder
-        .probe(url, std::time::Duration::from_secs(3))
+        .probe(
+            url,
+            crate::proxy::HopProtocol::Http1,
+            std::time::Duration::from_secs(3),
+        )
         .await
     {
         ExitCode::SUCCESS

@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::EXIT_RUNTIME;
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, HopProtocol};
 
 const INSTANCES: usize = 3;
 
@@ -292,7 +292,10 @@ async fn start(
         )?);
         let ready = format!("http://127.0.0.1:{}/readyz", node.admin);
         let started = Instant::now();
-        while !probe.probe(&ready, Duration::from_millis(500)).await {
+        while !probe
+            .probe(&ready, HopProtocol::Http1, Duration::from_millis(500))
+            .await
+        {
             if started.elapsed() > Duration::from_secs(15) {
                 return Err(DemoError::Setup(format!(
                     "{} did not become ready; see {}",

@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use super::raw::{RawHealth, RawInstance, RawShutdown, RawUpstream};
 use super::resolve::{check_http_url, Resolver};
-use super::{ConfigError, HealthConfig, InstanceConfig, ShutdownConfig, UpstreamConfig};
+use super::{
+    ConfigError, HealthConfig, HopProtocol, InstanceConfig, ShutdownConfig, UpstreamConfig,
+};
 
 /// Defaults of the `upstream.health` and `shutdown` sections.
 pub(super) mod defaults {
@@ -54,8 +56,30 @@ impl Resolver<'_> {
         check_http_url(&url)
             .map_err(|e| self.err(Some(&u.url.referenced), "upstream.url", e.to_string()))?;
         let health = u.health.as_ref().map(|h| self.health(h)).transpose()?;
+        let protocol = match &u.protocol {
+            None => HopProtocol::Http1,
+            Some(p) => match self.text(p, "upstream.protocol")?.as_str() {
+                "http1" => HopProtocol::Http1,
+                "h2c" if url.starts_with("https://") => {
+                    return Err(self.err(
+                        Some(&p.referenced),
+                        "upstream.protocol",
+                        "h2c is HTTP/2 without TLS; an https upstream takes http1",
+                    ))
+                }
+                "h2c" => HopProtocol::Http2,
+                other => {
+                    return Err(self.err(
+                        Some(&p.referenced),
+                        "upstream.protocol",
+                        format!("`{other}` is not a protocol: use http1 or h2c"),
+                    ))
+                }
+            },
+        };
         Ok(UpstreamConfig {
             url: url.trim_end_matches('/').to_string(),
+            protocol,
             health,
         })
     }

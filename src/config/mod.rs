@@ -23,7 +23,7 @@ mod tests_transport;
 mod transport;
 
 pub use crate::lease::LeaseTimings;
-pub use crate::proxy::KeySource;
+pub use crate::proxy::{HopProtocol, KeySource};
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
 pub use crate::tls::{PeersConfig, TlsConfig};
 pub use print::{CLUSTER_SECRET_VAR, STORE_PASSWORD_VAR};
@@ -90,6 +90,8 @@ pub struct HealthConfig {
 pub struct UpstreamConfig {
     /// Base URL of the app.
     pub url: String,
+    /// `http1` (default) or `h2c` (HTTP/2 with prior knowledge, for gRPC apps).
+    pub protocol: HopProtocol,
     /// Optional health check.
     pub health: Option<HealthConfig>,
 }
@@ -115,6 +117,18 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<Cidr>,
     /// Public-listener connections served at once.
     pub max_connections: usize,
+    /// HTTP/2 on the public listener.
+    pub http2: Http2Config,
+}
+
+/// `proxy.http2`: HTTP/2 on the public listener (h2c with prior knowledge,
+/// h2 by ALPN over TLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Http2Config {
+    /// Serve HTTP/2 at all (HTTP/1.1 is always served).
+    pub enabled: bool,
+    /// Streams a client may have open at once on one connection.
+    pub max_concurrent_streams: u32,
 }
 
 /// The `shutdown` section.

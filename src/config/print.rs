@@ -64,6 +64,7 @@ struct Instance {
 #[derive(Serialize)]
 struct Upstream {
     url: String,
+    protocol: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     health: Option<Health>,
 }
@@ -136,6 +137,13 @@ struct Proxy {
     upgrades: Vec<String>,
     trusted_proxies: Vec<String>,
     max_connections: usize,
+    http2: Http2,
+}
+
+#[derive(Serialize)]
+struct Http2 {
+    enabled: bool,
+    max_concurrent_streams: u32,
 }
 
 #[derive(Serialize)]
@@ -198,6 +206,10 @@ impl Config {
             admin_listen: self.admin_listen.to_string(),
             upstream: self.upstream.as_ref().map(|u| Upstream {
                 url: crate::redact::redact_url(&u.url),
+                protocol: match u.protocol {
+                    super::HopProtocol::Http1 => "http1",
+                    super::HopProtocol::Http2 => "h2c",
+                },
                 health: u.health.as_ref().map(|h| Health {
                     path: h.path.clone(),
                     interval: text(h.interval),
@@ -265,6 +277,10 @@ impl Config {
             upgrades: p.upgrades.clone(),
             trusted_proxies: p.trusted_proxies.iter().map(|c| c.to_string()).collect(),
             max_connections: p.max_connections,
+            http2: Http2 {
+                enabled: p.http2.enabled,
+                max_concurrent_streams: p.http2.max_concurrent_streams,
+            },
         }
     }
 }

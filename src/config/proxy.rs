@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::raw::{RawProxy, Text};
+use super::raw::{RawHttp2, RawProxy, Text};
 use super::resolve::Resolver;
-use super::{ConfigError, ProxyConfig};
+use super::{ConfigError, Http2Config, ProxyConfig};
 use crate::proxy::defaults as d;
 use crate::proxy::trust::CidrError;
 use crate::proxy::Cidr;
@@ -57,6 +57,7 @@ impl Resolver<'_> {
             upgrades: self.upgrades(raw.upgrades.as_deref())?,
             trusted_proxies: self.trusted_proxies(raw.trusted_proxies.as_deref())?,
             max_connections,
+            http2: self.http2(&raw.http2)?,
         })
     }
 
@@ -76,6 +77,24 @@ impl Resolver<'_> {
             ));
         }
         Ok(v)
+    }
+
+    fn http2(&self, raw: &RawHttp2) -> Result<Http2Config, ConfigError> {
+        let max_concurrent_streams = match &raw.max_concurrent_streams {
+            None => d::HTTP2_MAX_CONCURRENT_STREAMS,
+            Some(m) if m.value == 0 || m.value > 10_000 => {
+                return Err(self.err(
+                    Some(&m.referenced),
+                    "proxy.http2.max_concurrent_streams",
+                    "must be between 1 and 10000",
+                ))
+            }
+            Some(m) => m.value as u32,
+        };
+        Ok(Http2Config {
+            enabled: raw.enabled.unwrap_or(true),
+            max_concurrent_streams,
+        })
     }
 
     fn upgrades(&self, raw: Option<&[Text]>) -> Result<Vec<String>, ConfigError> {

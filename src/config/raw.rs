@@ -150,7 +150,15 @@ pub(super) struct RawInstance {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawUpstream {
     pub(super) url: Text,
+    pub(super) protocol: Option<Text>,
     pub(super) health: Option<RawHealth>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawHttp2 {
+    pub(super) enabled: Option<bool>,
+    pub(super) max_concurrent_streams: Option<Spanned<u64>>,
 }
 
 #[derive(Deserialize)]
@@ -238,6 +246,8 @@ pub(super) struct RawProxy {
     pub(super) upgrades: Option<Vec<Text>>,
     pub(super) trusted_proxies: Option<Vec<Text>>,
     pub(super) max_connections: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(super) http2: RawHttp2,
 }
 
 #[derive(Deserialize, Default)]

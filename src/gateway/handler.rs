@@ -18,9 +18,9 @@ use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
 use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
-use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
-use crate::proxy::{failure_problem, Forwarder, KeyExtractor, NextHop, Settled};
+use crate::proxy::{failure_problem, Forwarder, HopProtocol, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
 
 /// What the gateway knows of a connection, from the socket and the TLS
@@ -53,6 +53,7 @@ pub(crate) struct GatewayState {
     upstream: String,
     /// `peers.require_client_cert`: hop-marked requests need a verified peer.
     hops_need_peer_cert: bool,
+    upstream_protocol: HopProtocol,
     /// `--events`: local admissions are logged here.
     events: Option<Arc<EventLog>>,
 }
@@ -83,10 +84,10 @@ impl GatewayState {
             };
             routes.add(&r.prefixes, target);
         }
-        let upstream = config
+        let (upstream, upstream_protocol) = config
             .upstream
             .as_ref()
-            .map(|u| u.url.clone())
+            .map(|u| (u.url.clone(), u.protocol))
             .ok_or(GatewayError::NoUpstream)?;
         Ok(Self {
             routes,
@@ -97,9 +98,11 @@ impl GatewayState {
                 forwarder,
                 upgrades: config.proxy.upgrades.clone().into(),
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
+                peer_protocol: HopProtocol::Http1,
             },
             upstream,
             hops_need_peer_cert: config.peers.require_client_cert,
+            upstream_protocol,
             events,
         })
     }
@@ -111,6 +114,7 @@ impl GatewayState {
         conn: ConnectionFacts,
     ) -> Response<Body> {
         let mut req = req.map(Body::new);
+        let grpc = is_grpc(req.headers());
         let client = conn.client;
         if self.hops_need_peer_cert && !conn.verified_peer && carries_hop_marker(req.headers()) {
             // Before any hop handling: no signature check, no forwarding,
@@ -120,7 +124,7 @@ impl GatewayState {
                 Reason::PeerCertificateRequired,
                 "a request marked as a gateway hop must come with a peer gateway's client certificate",
             ));
-            return finish(resp, outcome, None);
+            return finish(grpc, resp, outcome, None);
         }
         if conn.tls {
             req.extensions_mut().insert(ArrivedOverTls);
@@ -132,11 +136,11 @@ impl GatewayState {
                 http::header::ALLOW,
                 http::HeaderValue::from_static("GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS"),
             );
-            return finish(resp, Outcome::Passthrough, None);
+            return finish(grpc, resp, Outcome::Passthrough, None);
         }
-        if let Some(problem) = refuse_request(&req) {
+        if let Some(problem) = authority_to_host(&mut req).or_else(|| refuse_request(&req)) {
             let (resp, outcome) = self.settings.reject(problem);
-            return finish(resp, outcome, None);
+            return finish(grpc, resp, outcome, None);
         }
         let target = match self.routes.find(req.uri().path()) {
             Ok(target) => target,
@@ -146,14 +150,14 @@ impl GatewayState {
                     RouteError::BadPath(_) => Reason::BadRequest,
                 };
                 let (resp, outcome) = self.settings.reject(Problem::new(reason, e.to_string()));
-                return finish(resp, outcome, None);
+                return finish(grpc, resp, outcome, None);
             }
         };
         let Some(target) = target else {
             // Remember a verified hop (its forwarding fields are trusted).
             self.settings.take_hop(&mut req);
             let (resp, outcome) = self.to_upstream(req, client, None).await;
-            return finish(resp, outcome, None);
+            return finish(grpc, resp, outcome, None);
         };
         let forwarded = self.settings.take_hop(&mut req);
         // Decide on the headers the app will see.
@@ -177,7 +181,7 @@ impl GatewayState {
                     .to_upstream(req, client, Some((lease.role, lease.token)))
                     .await;
                 // The work counts as running until its body has streamed.
-                return finish(resp, outcome, Some(Box::new(work)));
+                return finish(grpc, resp, outcome, Some(Box::new(work)));
             }
             Settled::Answered(resp, outcome) => (resp, outcome),
         };
@@ -186,7 +190,7 @@ impl GatewayState {
             status = resp.status().as_u16(),
             "role route answered"
         );
-        finish(resp, outcome, None)
+        finish(grpc, resp, outcome, None)
     }
 
     async fn to_upstream(
@@ -212,7 +216,9 @@ impl GatewayState {
             None => Outcome::Passthrough,
         };
         let started = std::time::Instant::now();
-        let answer = self.settings.forwarder.proxy(req, &self.upstream).await;
+        let answer = (self.settings.forwarder)
+            .proxy_over(req, &self.upstream, self.upstream_protocol)
+            .await;
         telemetry::request_metrics()
             .forward_upstream
             .record(started.elapsed().as_secs_f64());
@@ -226,6 +232,46 @@ impl GatewayState {
                 self.settings.reject(p)
             }
         }
+    }
+}
+
+/// An HTTP/2 request names its authority in `:authority`; the app behind
+/// may speak HTTP/1.1 and read `Host`. So `Host` is filled from
+/// `:authority`, and a request whose two differ (compared ignoring ASCII
+/// case), or whose authority carries user information, is refused: the
+/// gateway and the app must not see two different hosts.
+fn authority_to_host(req: &mut Request<Body>) -> Option<Problem> {
+    if req.version() != http::Version::HTTP_2 {
+        return None;
+    }
+    // An HTTP/2 client always takes trailers (gRPC needs them), so the next
+    // hop may send them even when it speaks HTTP/1.1.
+    req.headers_mut()
+        .insert(http::header::TE, http::HeaderValue::from_static("trailers"));
+    let authority = req.uri().authority().map(|a| a.as_str().to_owned());
+    let Some(authority) = authority else {
+        return None; // refuse_request wants a Host, as for HTTP/1.1
+    };
+    if authority.contains('@') || authority.is_empty() {
+        return Some(Problem::new(
+            Reason::BadRequest,
+            ":authority may not carry user information",
+        ));
+    }
+    let mut hosts = req.headers().get_all(http::header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (None, _) => {
+            let value = http::HeaderValue::from_str(&authority).ok()?;
+            req.headers_mut().insert(http::header::HOST, value);
+            None
+        }
+        (Some(h), None) if h.as_bytes().eq_ignore_ascii_case(authority.as_bytes()) => None,
+        (Some(_), None) => Some(Problem::new(
+            Reason::BadRequest,
+            "Host and :authority name different hosts",
+        )),
+        // Two Host fields: refuse_request answers.
+        (Some(_), Some(_)) => None,
     }
 }
 
@@ -246,7 +292,11 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
         ));
     }
     let mut hosts = req.headers().get_all(http::header::HOST).iter();
-    let http11 = req.version() == http::Version::HTTP_11;
+    // An HTTP/2 request got its Host from `:authority` above.
+    let http11 = matches!(
+        req.version(),
+        http::Version::HTTP_11 | http::Version::HTTP_2
+    );
     match (hosts.next(), hosts.next()) {
         (Some(_), Some(_)) => {
             return Some(Problem::new(
@@ -257,7 +307,7 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
         (None, _) if http11 => {
             return Some(Problem::new(
                 Reason::BadRequest,
-                "an HTTP/1.1 request needs a Host field",
+                "an HTTP/1.1 request needs a Host field (HTTP/2: :authority)",
             ))
         }
         (Some(h), None) if http11 && h.is_empty() => {
@@ -292,6 +342,7 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
 
 /// Counts the outcome and tracks the body while it streams.
 fn finish(
+    grpc: bool,
     resp: Response<Body>,
     outcome: Outcome,
     hold: Option<Box<dyn Send + Sync>>,
@@ -303,6 +354,11 @@ fn finish(
         Outcome::Rejected(r) => r.as_str(),
     };
     telemetry::request_metrics().count(label);
+    // A gRPC client gets the gateway's own refusals as a gRPC status.
+    let resp = match outcome {
+        Outcome::Rejected(_) if grpc => grpc_answer(resp),
+        _ => resp,
+    };
     if resp.body().is_end_stream() {
         return resp;
     }

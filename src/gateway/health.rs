@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use crate::config::HealthConfig;
 use crate::lease::Coordinator;
-use crate::proxy::Forwarder;
+use crate::proxy::{Forwarder, HopProtocol};
 use crate::telemetry;
 
 /// Candidacy follows the app's health: after `unhealthy_after` consecutive
@@ -14,6 +14,7 @@ pub(crate) async fn watch_health(
     coordinator: Coordinator,
     probe: Forwarder,
     upstream: String,
+    protocol: HopProtocol,
     health: HealthConfig,
 ) {
     let url = format!("{upstream}{}", health.path);
@@ -26,7 +27,7 @@ pub(crate) async fn watch_health(
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let ok = probe.probe(&url, timeout).await;
+        let ok = probe.probe(&url, protocol, timeout).await;
         metrics::counter!(telemetry::HEALTH_PROBES, "outcome" => if ok { "ok" } else { "fail" })
             .increment(1);
         if ok {

@@ -64,6 +64,7 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     let limits = ServeLimits {
         max_connections: connection_limit(&config),
         idle_timeout: config.proxy.idle_timeout,
+        http2: config.proxy.http2,
     };
     // Metrics first, so every handle created below reports to the recorder.
     let metrics = install_metrics();
@@ -90,7 +91,7 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     let tls = config
         .tls
         .as_ref()
-        .map(|t| tls::ListenerTls::start(t, &config.peers));
+        .map(|t| tls::ListenerTls::start(t, &config.peers, config.proxy.http2.enabled));
     let tls = tls.transpose()?.map(Arc::new);
     let forwarder = forwarder(&config)?;
     let advertise = crate::identity::advertise_address(
@@ -233,6 +234,7 @@ fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), Gatewa
             coordinator.clone(),
             probe,
             upstream.url.clone(),
+            upstream.protocol,
             health,
         ));
     }

@@ -8,13 +8,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use super::handler::{ConnectionFacts, GatewayState};
 use super::tls::ListenerTls;
+use crate::config::Http2Config;
 use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
 };
@@ -88,6 +90,8 @@ pub(crate) struct ServeLimits {
     pub(crate) max_connections: usize,
     /// No byte either way for this long closes the connection.
     pub(crate) idle_timeout: Duration,
+    /// HTTP/2 beside HTTP/1.1.
+    pub(crate) http2: Http2Config,
 }
 
 /// Accepts connections until the tracker's shutdown begins.
@@ -128,6 +132,30 @@ pub(crate) async fn serve(
     }
 }
 
+/// Runs a served connection until it ends, idles out, or shutdown drains
+/// it. (A macro: hyper's two connection types share no trait for
+/// `graceful_shutdown`.)
+macro_rules! drive {
+    ($conn:expr, $progress:expr, $idle:expr, $stop:expr) => {{
+        let conn = $conn;
+        tokio::pin!(conn);
+        tokio::select! {
+            r = conn.as_mut() => r.map_err(|e| e.to_string()),
+            _ = $progress.idle_for($idle) => {
+                tracing::debug!(idle = ?$idle, "connection idle; closing");
+                Ok(())
+            }
+            _ = $stop.recv() => {
+                conn.as_mut().graceful_shutdown();
+                tokio::select! {
+                    r = conn.as_mut() => r.map_err(|e| e.to_string()),
+                    _ = $progress.idle_for($idle) => Ok(()),
+                }
+            }
+        }
+    }};
+}
+
 /// Serves one connection until it closes, idles out, or shutdown drains it.
 async fn serve_connection<S>(
     stream: S,
@@ -146,31 +174,59 @@ async fn serve_connection<S>(
     let progress = Progress::new();
     progress.touch();
     let io = ProgressIo::new(stream, progress.clone());
-    let conn = hyper::server::conn::http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .max_headers(MAX_HEADERS)
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades();
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = progress.idle_for(limits.idle_timeout) => {
-            tracing::debug!(%client, idle = ?limits.idle_timeout, "connection idle; closing");
-            Ok(())
-        }
-        _ = stop.recv() => {
-            conn.as_mut().graceful_shutdown();
-            tokio::select! {
-                r = conn.as_mut() => r,
-                _ = progress.idle_for(limits.idle_timeout) => Ok(()),
-            }
-        }
+    let io = TokioIo::new(io);
+    let result = if limits.http2.enabled {
+        let builder = connection_builder(limits.http2);
+        let conn = builder.serve_connection_with_upgrades(io, service);
+        drive!(conn, progress, limits.idle_timeout, stop)
+    } else {
+        // auto::Builder::http1_only is ignored once upgrades are served.
+        let conn = http1_builder()
+            .serve_connection(io, service)
+            .with_upgrades();
+        drive!(conn, progress, limits.idle_timeout, stop)
     };
     if let Err(e) = result {
         tracing::debug!(%client, error = %e, "connection ended with an error");
     }
+}
+
+fn http1_builder() -> hyper::server::conn::http1::Builder {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
+    builder
+}
+
+/// Fewest streams a client may reset before the server has answered them,
+/// per connection, before it is sent GOAWAY (the HTTP/2 rapid-reset attack,
+/// CVE-2023-44487: each reset would otherwise cost the server a request).
+pub(crate) const H2_MAX_PENDING_RESETS: usize = 20;
+/// Streams this server may reset for protocol errors on one connection
+/// before it sends GOAWAY (a client that keeps provoking errors).
+pub(crate) const H2_MAX_LOCAL_ERROR_RESETS: usize = 256;
+
+/// HTTP/1.1 with head limits and, unless turned off, HTTP/2 (h2c with prior
+/// knowledge, or h2 chosen by ALPN over TLS) with stream and header limits.
+fn connection_builder(http2: Http2Config) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .max_buf_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(http2.max_concurrent_streams)
+        .max_header_list_size(MAX_HEAD_BYTES as u32)
+        .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
+        .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESETS);
+    builder
 }
 
 /// Binds the public listener with a deep accept backlog, so a burst of new

@@ -35,8 +35,13 @@ pub(crate) struct ListenerTls {
 
 impl ListenerTls {
     /// Reads the certificate, key and CA files (refusing a bad or
-    /// mismatched pair) and starts watching the pair for changes.
-    pub(crate) fn start(tls: &TlsConfig, peers: &PeersConfig) -> Result<Self, TlsError> {
+    /// mismatched pair) and starts watching the pair for changes. ALPN
+    /// offers `h2` only when the listener serves HTTP/2.
+    pub(crate) fn start(
+        tls: &TlsConfig,
+        peers: &PeersConfig,
+        http2: bool,
+    ) -> Result<Self, TlsError> {
         let files = CertFiles {
             cert: tls.cert_file.clone(),
             key: tls.key_file.clone(),
@@ -53,7 +58,11 @@ impl ListenerTls {
             None => builder.with_no_client_auth(),
         };
         let mut config = builder.with_cert_resolver(current.clone());
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        config.alpn_protocols = if http2 {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        } else {
+            vec![b"http/1.1".to_vec()]
+        };
         tokio::spawn(watch(files, stamp, current));
         Ok(Self {
             acceptor: TlsAcceptor::from(Arc::new(config)),

@@ -15,3 +15,5 @@ pub const CASE_INSENSITIVE_PATHS: bool = true;
 pub const UPGRADES: &[&str] = &["websocket"];
 /// `proxy.max_connections`: public-listener connections served at once.
 pub const MAX_CONNECTIONS: usize = 10_000;
+/// `proxy.http2.max_concurrent_streams`: streams one HTTP/2 client may have open at once.
+pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;

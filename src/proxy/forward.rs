@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
+use super::h2pool::{BoxError, H2Failure, H2Pool};
 use super::headers::{
     add_forwarding, is_upgrade_request, strip_hop_by_hop, strip_rolegate,
     strip_untrusted_forwarding, upgrade_allowed,
@@ -33,13 +34,13 @@ const PROBE_BODY_LIMIT: usize = 64 * 1024;
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     /// No connection could be made (refused, unreachable, connect timeout).
-    #[error("cannot connect to {target}: {}", error_chain(source))]
+    #[error("cannot connect to {target}: {}", error_chain(source.as_ref()))]
     Connect {
         /// The base URL.
         target: String,
         /// What the client reported.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// The response head did not come within `response_header_timeout`.
     #[error("no response head from {target} within {after:?}")]
@@ -50,13 +51,13 @@ pub enum ForwardError {
         after: Duration,
     },
     /// The exchange broke after connecting.
-    #[error("request to {target} failed: {}", error_chain(source))]
+    #[error("request to {target} failed: {}", error_chain(source.as_ref()))]
     Failed {
         /// The base URL.
         target: String,
         /// What the client reported.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// The next hop answered 101 to a request that asked for no upgrade.
     #[error("{target} switched protocols unasked")]
@@ -85,15 +86,65 @@ pub enum ForwardError {
 /// Default `proxy.idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// How a hop is spoken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HopProtocol {
+    /// HTTP/1.1 over pooled connections (the default).
+    #[default]
+    Http1,
+    /// HTTP/2: h2c with prior knowledge to an `http://` address, h2 by ALPN
+    /// to an `https://` one; one multiplexed connection per address carries
+    /// every request. Upgrade requests (WebSocket) still go over HTTP/1.1.
+    Http2,
+}
+
 type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
 
-/// The pooled client every forwarded request goes through.
+/// One TLS setup's clients: pooled HTTP/1.1, and one multiplexed HTTP/2
+/// connection per address.
+#[derive(Clone)]
+struct Transport {
+    client: PooledClient,
+    h2: H2Pool,
+}
+
+impl Transport {
+    /// Both clients over `tls` (its ALPN unset; each client sets its own).
+    fn new(tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let h1 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http.clone());
+        let h2 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(256)
+            .timer(TokioTimer::new())
+            .build(h1);
+        Self {
+            client,
+            h2: H2Pool::new(h2, connect_timeout),
+        }
+    }
+}
+
+/// The pooled clients every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: PooledClient,
-    /// Hops to peer gateways, when `peers` sets a CA or a client
-    /// certificate; else they go through `client`.
-    peer_client: Option<PooledClient>,
+    /// The app, and peers unless `peers` sets TLS of its own.
+    app: Transport,
+    /// Hops to peer gateways, when `peers` sets a CA or a client certificate.
+    peers: Option<Transport>,
     connect_timeout: Duration,
     response_header_timeout: Duration,
     idle_timeout: Duration,
@@ -112,12 +163,13 @@ impl Forwarder {
         response_header_timeout: Duration,
     ) -> Result<Self, ForwardError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
             .map_err(ForwardError::Tls)?;
+        let tls = hyper_rustls::ConfigBuilderExt::with_webpki_roots(tls).with_no_client_auth();
         Ok(Self {
-            client: pooled(https, connect_timeout),
-            peer_client: None,
+            app: Transport::new(tls, connect_timeout),
+            peers: None,
             connect_timeout,
             response_header_timeout,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
@@ -129,8 +181,7 @@ impl Forwarder {
     /// Requests to the local app are unaffected.
     pub fn with_peer_tls(mut self, tls: Option<rustls::ClientConfig>) -> Self {
         if let Some(tls) = tls {
-            let https = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
-            self.peer_client = Some(pooled(https, self.connect_timeout));
+            self.peers = Some(Transport::new(tls, self.connect_timeout));
         }
         self
     }
@@ -141,19 +192,20 @@ impl Forwarder {
         self
     }
 
-    /// A GET of `url`: true for a 2xx answer within `timeout` (health probes).
-    pub async fn probe(&self, url: &str, timeout: Duration) -> bool {
+    /// A GET of `url` over `protocol`: true for a 2xx answer within
+    /// `timeout` (health probes).
+    pub async fn probe(&self, url: &str, protocol: HopProtocol, timeout: Duration) -> bool {
         let Ok(uri) = url.parse::<Uri>() else {
             return false;
         };
-        let Ok(req) = Request::get(uri)
+        let Ok(req) = Request::get(uri.clone())
             .header(header::USER_AGENT, "rolegate-health")
             .body(Body::empty())
         else {
             return false;
         };
         let answer = tokio::time::timeout(timeout, async {
-            let resp = self.client.request(req).await.ok()?;
+            let resp = (self.send(&self.app, req, &base_of(&uri)?, protocol).await).ok()?;
             let ok = resp.status().is_success();
             // Drain the body frame by frame (never held whole) so the
             // connection returns to the pool; give up on a huge one.
@@ -180,46 +232,76 @@ impl Forwarder {
         req: Request<Body>,
         base: &str,
     ) -> Result<Response<Body>, ForwardError> {
-        self.send(&self.client, req, base).await
+        self.proxy_over(req, base, HopProtocol::Http1).await
     }
 
-    /// [`proxy`](Self::proxy) to a peer gateway: through the peer TLS
-    /// client when `peers` configured one.
+    /// One exchange over `protocol`; `req`'s URI is `base` + path.
+    async fn send(
+        &self,
+        transport: &Transport,
+        req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<hyper::body::Incoming>, H2Failure> {
+        match protocol {
+            HopProtocol::Http1 => transport.client.request(req).await.map_err(|e| {
+                if e.is_connect() {
+                    H2Failure::Connect(Box::new(e))
+                } else {
+                    H2Failure::Exchange(Box::new(e))
+                }
+            }),
+            HopProtocol::Http2 => transport.h2.send(base, req).await,
+        }
+    }
+
+    /// [`Forwarder::proxy`] over `protocol`. An upgrade request always goes
+    /// over HTTP/1.1, the only version that upgrades a connection.
+    pub async fn proxy_over(
+        &self,
+        req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<Body>, ForwardError> {
+        self.exchange(&self.app, req, base, protocol).await
+    }
+
+    /// [`Forwarder::proxy_over`] to a peer gateway: through the peer TLS
+    /// clients when `peers` configured them.
     pub async fn proxy_to_peer(
         &self,
         req: Request<Body>,
         base: &str,
+        protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        let client = self.peer_client.as_ref().unwrap_or(&self.client);
-        self.send(client, req, base).await
+        let transport = self.peers.as_ref().unwrap_or(&self.app);
+        self.exchange(transport, req, base, protocol).await
     }
 
-    async fn send(
+    async fn exchange(
         &self,
-        client: &PooledClient,
+        transport: &Transport,
         mut req: Request<Body>,
         base: &str,
+        protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        let path = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/");
-        let target: Uri =
-            format!("{base}{path}")
-                .parse()
-                .map_err(|source| ForwardError::BadTarget {
-                    target: base.to_string(),
-                    source,
-                })?;
-        *req.uri_mut() = target;
-        *req.version_mut() = http::Version::HTTP_11;
+        *req.uri_mut() = target_uri(base, req.uri())?;
         let upgrade = is_upgrade_request(req.headers());
+        // Only HTTP/1.1 upgrades a connection.
+        let protocol = if upgrade {
+            HopProtocol::Http1
+        } else {
+            protocol
+        };
+        *req.version_mut() = match protocol {
+            HopProtocol::Http1 => http::Version::HTTP_11,
+            HopProtocol::Http2 => http::Version::HTTP_2,
+        };
         let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
         let watch = Arc::new(BodyWatch::default());
         let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let send = client.request(req);
+        let send = self.send(transport, req, base, protocol);
         let head_deadline = async {
             watch.ended().await;
             tokio::time::sleep(self.response_header_timeout).await;
@@ -238,13 +320,13 @@ impl Forwarder {
             Some(Err(_)) if watch.failed.load(Ordering::Acquire) => {
                 return Err(ForwardError::ClientBody)
             }
-            Some(Err(e)) if e.is_connect() => {
+            Some(Err(H2Failure::Connect(source))) => {
                 return Err(ForwardError::Connect {
                     target: base.to_string(),
-                    source: e,
+                    source,
                 });
             }
-            Some(Err(source)) => {
+            Some(Err(H2Failure::Exchange(source))) => {
                 return Err(ForwardError::Failed {
                     target: base.to_string(),
                     source,
@@ -269,24 +351,6 @@ impl Forwarder {
         *resp.version_mut() = http::Version::HTTP_11;
         Ok(resp.map(Body::new))
     }
-}
-
-/// A pooled HTTP/1.1 client over `tls` (http URLs go in the clear).
-fn pooled(
-    tls: hyper_rustls::HttpsConnectorBuilder<hyper_rustls::builderstates::WantsSchemes>,
-    connect_timeout: Duration,
-) -> PooledClient {
-    let mut http = HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.set_nodelay(true);
-    http.enforce_http(false);
-    let https = tls.https_or_http().enable_http1().wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_timer(TokioTimer::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(256)
-        .timer(TokioTimer::new())
-        .build(https)
 }
 
 /// Copies bytes both ways once client and peer have switched protocols,
@@ -404,6 +468,22 @@ impl http_body::Body for WatchedBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// `base` + the path and query of `uri`.
+fn target_uri(base: &str, uri: &Uri) -> Result<Uri, ForwardError> {
+    let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    format!("{base}{path}")
+        .parse()
+        .map_err(|source| ForwardError::BadTarget {
+            target: base.to_string(),
+            source,
+        })
+}
+
+/// `scheme://authority` of an absolute URI.
+fn base_of(uri: &Uri) -> Option<String> {
+    Some(format!("{}://{}", uri.scheme_str()?, uri.authority()?))
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderMap, Request, Response, Uri};
 
-use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext};
+use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext, HopProtocol};
 use super::headers::HOP;
 use super::hop::HopSigner;
 use super::keys::{KeyError, KeyExtractor};
-use super::problem::{Problem, Reason};
+use super::problem::{is_grpc, Problem, Reason};
 use super::trust::{is_trusted, Cidr};
 use crate::lease::{HeldLease, LocalWork, RoleLease, RolePartition};
 
@@ -236,6 +236,9 @@ pub struct GateSettings {
     pub upgrades: Arc<[String]>,
     /// `proxy.trusted_proxies`.
     pub trusted_proxies: Arc<[Cidr]>,
+    /// How hops to peer gateways are spoken. gRPC always takes HTTP/2: its
+    /// trailers cannot cross an HTTP/1.1 hop undeclared.
+    pub peer_protocol: HopProtocol,
 }
 
 impl GateSettings {
@@ -319,7 +322,12 @@ impl GateSettings {
         {
             req.headers_mut().insert(HOP, marker);
         }
-        match self.forwarder.proxy_to_peer(req, address).await {
+        let protocol = if is_grpc(req.headers()) {
+            HopProtocol::Http2
+        } else {
+            self.peer_protocol
+        };
+        match self.forwarder.proxy_to_peer(req, address, protocol).await {
             Ok(resp) => (resp, Outcome::Forwarded),
             Err(e) => {
                 let hop = NextHop::Holder {

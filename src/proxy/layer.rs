@@ -15,7 +15,7 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 
 use super::defaults as proxy_defaults;
-use super::forward::{ForwardError, Forwarder};
+use super::forward::{ForwardError, Forwarder, HopProtocol};
 use super::gate::{GateSettings, GateTarget, Settled};
 use super::headers::strip_rolegate;
 use super::hop::HopSigner;
@@ -40,6 +40,8 @@ pub struct LayerOptions {
     pub upgrades: Vec<String>,
     /// Networks whose `X-Forwarded-*`/`Forwarded` are kept on a forwarded hop.
     pub trusted_proxies: Vec<Cidr>,
+    /// How hops to holders are spoken (default HTTP/1.1; gRPC always HTTP/2).
+    pub peer_protocol: HopProtocol,
 }
 
 impl LayerOptions {
@@ -58,6 +60,7 @@ impl LayerOptions {
                 .as_secs()
                 .max(1),
             case_insensitive_paths: proxy_defaults::CASE_INSENSITIVE_PATHS,
+            peer_protocol: HopProtocol::Http1,
             upgrades: proxy_defaults::UPGRADES
                 .iter()
                 .map(|s| s.to_string())
@@ -90,6 +93,7 @@ impl Gate {
                 forwarder: options.forwarder,
                 upgrades: options.upgrades.into(),
                 trusted_proxies: options.trusted_proxies.into(),
+                peer_protocol: options.peer_protocol,
             },
         }
     }

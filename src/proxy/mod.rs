@@ -5,6 +5,7 @@ pub mod canonical;
 pub mod defaults;
 pub mod forward;
 pub mod gate;
+pub(crate) mod h2pool;
 pub mod headers;
 pub mod hop;
 pub mod idle;
@@ -14,7 +15,7 @@ pub mod problem;
 pub mod routes;
 pub mod trust;
 
-pub use forward::{ForwardError, Forwarder};
+pub use forward::{ForwardError, Forwarder, HopProtocol};
 pub use gate::{failure_problem, NextHop, Settled};
 pub use keys::{KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerOptions, PartitionHolderLayer, RoleHolderLayer};

@@ -188,13 +188,107 @@ impl Problem {
         }
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        let text = format!("{}: {}", self.reason.title(), self.detail);
+        resp.extensions_mut().insert(ProblemText(text));
         resp
     }
+}
+
+/// The one-line text of a problem answer, kept for [`grpc_answer`].
+#[derive(Debug, Clone)]
+struct ProblemText(String);
+
+/// True for a gRPC request (`content-type: application/grpc[+proto|...]`).
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            let v = v.to_ascii_lowercase();
+            v == "application/grpc"
+                || v.starts_with("application/grpc+")
+                || v.starts_with("application/grpc;")
+        })
+}
+
+/// A problem answer recast for a gRPC client: HTTP 200 with no body and the
+/// status in `grpc-status`/`grpc-message` (a "trailers-only" response), so
+/// the client sees e.g. `UNAVAILABLE` at once rather than a protocol error.
+/// The code follows gRPC's own HTTP-to-gRPC table (503, 502, 504 and 429
+/// are `UNAVAILABLE`); `Retry-After` and the other headers are kept.
+pub fn grpc_answer(resp: Response<Body>) -> Response<Body> {
+    let (mut parts, _) = resp.into_parts();
+    let code: u16 = match parts.status.as_u16() {
+        400 => 13,                   // INTERNAL
+        401 => 16,                   // UNAUTHENTICATED
+        403 => 7,                    // PERMISSION_DENIED
+        404 | 405 => 12,             // UNIMPLEMENTED
+        429 | 502 | 503 | 504 => 14, // UNAVAILABLE
+        _ => 2,                      // UNKNOWN
+    };
+    let text = parts
+        .extensions
+        .get::<ProblemText>()
+        .map(|t| t.0.clone())
+        .unwrap_or_else(|| parts.status.to_string());
+    parts.status = StatusCode::OK;
+    let h = &mut parts.headers;
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    h.insert("grpc-status", HeaderValue::from(code));
+    if let Ok(v) = HeaderValue::from_str(&grpc_percent_encode(&text)) {
+        h.insert("grpc-message", v);
+    }
+    h.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::empty())
+}
+
+/// gRPC's percent-encoding of `grpc-message`: every byte outside
+/// printable ASCII, and `%`, as `%XX`.
+fn grpc_percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_problem_becomes_a_trailers_only_grpc_status() {
+        let p = Problem::new(Reason::HolderUnknown, "no instance holds role `x` – 100%");
+        let resp = grpc_answer(p.into_response(3));
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["grpc-status"], "14");
+        assert_eq!(resp.headers()["content-type"], "application/grpc");
+        assert_eq!(resp.headers()["retry-after"], "3");
+        let msg = resp.headers()["grpc-message"].to_str().unwrap();
+        assert!(
+            msg.ends_with("no instance holds role `x` %E2%80%93 100%25"),
+            "{msg}"
+        );
+        assert!(http_body::Body::is_end_stream(resp.body()));
+        let mut h = http::HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpcx"),
+        );
+        assert!(!is_grpc(&h));
+    }
 
     #[test]
     fn every_reason_has_its_own_outcome_label() {

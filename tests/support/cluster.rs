@@ -28,6 +28,8 @@ pub struct Executed {
     pub method: String,
     pub path: String,
     pub headers: HeaderMap,
+    /// The HTTP version it arrived in.
+    pub version: http::Version,
     /// CLOCK_MONOTONIC nanoseconds when the app began executing it.
     pub t_ns: u64,
 }
@@ -84,9 +86,9 @@ impl TestApp {
                         let st = st.clone();
                         async move { Ok::<_, Infallible>(app_handle(st, req).await) }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), svc)
-                        .with_upgrades()
+                    // HTTP/1.1 and h2c with prior knowledge, as `upstream.protocol` picks.
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                         .await;
                 });
             }
@@ -145,6 +147,7 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         method: req.method().to_string(),
         path: path_and_query.clone(),
         headers: req.headers().clone(),
+        version: req.version(),
         t_ns: rolegate::events::monotonic_ns(),
     });
     let n = st.n;

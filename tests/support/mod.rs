@@ -414,3 +414,27 @@ impl Drop for PrivateServer {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The test Python (`$ROLEGATE_TEST_PYTHON`, set by `scripts/test` to its
+/// venv), checked to import `modules`; panics with how to get them.
+pub fn python_with(modules: &str) -> String {
+    let imports = |py: &str| {
+        Command::new(py)
+            .args(["-c", &format!("import {modules}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let py = std::env::var("ROLEGATE_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".into());
+    assert!(
+        imports(&py),
+        "this test needs Python with `{modules}`: run `scripts/test` (it installs them into a venv \
+         and sets ROLEGATE_TEST_PYTHON), or set ROLEGATE_TEST_PYTHON to a python that can \
+         `import {modules}` (pip install grpcio h2 flask gunicorn)"
+    );
+    py
+}

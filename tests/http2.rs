@@ -1,0 +1,257 @@
+//! HTTP/2 on the public listener and to the app, against three real
+//! `rolegate run` processes on PostgreSQL: h2c with prior knowledge is gated,
+//! forwarded and answered like HTTP/1.1; `Host` and `:authority` may not
+//! disagree; `upstream.protocol: h2c` speaks HTTP/2 to the app; the stream
+//! limit refuses streams beyond it; HTTP/2 can be turned off.
+
+mod support;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode, Version};
+use http_body_util::BodyExt;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
+
+struct Cluster {
+    apps: Vec<TestApp>,
+    gws: Vec<GatewayProcess>,
+}
+
+impl Cluster {
+    /// Three apps and gateways; gateway 0 starts first and holds every role.
+    async fn start(spec: ClusterSpec) -> Cluster {
+        let mut apps = Vec::new();
+        for n in 0..3 {
+            apps.push(TestApp::start(n).await);
+        }
+        let mut gws = vec![GatewayProcess::start(0, &spec, &apps[0]).await];
+        support::wait_for_async(
+            "gateway 0 holds maintenance",
+            Duration::from_secs(10),
+            || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
+        )
+        .await;
+        for (n, app) in apps.iter().enumerate().skip(1) {
+            gws.push(GatewayProcess::start(n, &spec, app).await);
+        }
+        assert_eq!(cluster::wait_holder(&gws, "maintenance").await, 0);
+        Cluster { apps, gws }
+    }
+
+    fn executed_with(&self, part: &str) -> Vec<usize> {
+        let part = part.to_ascii_lowercase();
+        (self.apps.iter())
+            .map(|a| {
+                (a.executed_paths().iter())
+                    .filter(|p| p.to_ascii_lowercase().contains(&part))
+                    .count()
+            })
+            .collect()
+    }
+}
+
+/// An h2c (prior knowledge) connection to `port`.
+async fn h2c(port: u16) -> Result<SendRequest<Body>, String> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One exchange: status, headers, body and trailers.
+async fn exchange(
+    sender: &mut SendRequest<Body>,
+    req: Request<Body>,
+) -> Result<(StatusCode, HeaderMap, Bytes, Option<HeaderMap>), String> {
+    sender.ready().await.map_err(|e| e.to_string())?;
+    let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
+    let (parts, body) = resp.into_parts();
+    let collected = body.collect().await.map_err(|e| e.to_string())?;
+    let trailers = collected.trailers().cloned();
+    Ok((parts.status, parts.headers, collected.to_bytes(), trailers))
+}
+
+fn get(uri: &str) -> Request<Body> {
+    Request::get(uri).body(Body::empty()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_requests_are_gated_forwarded_and_answered_like_http1() {
+    let c = Cluster::start(ClusterSpec::postgres("h2_fwd")).await;
+    let mut h2 = h2c(c.gws[2].port).await.expect("h2c handshake");
+    let req = Request::post("http://app.test/maintenance/job?via=h2")
+        .header("content-type", "text/plain")
+        .body(Body::from("payload"))
+        .unwrap();
+    let (status, headers, body, _) = exchange(&mut h2, req).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(headers["x-app"], "0", "executed by the holder's app");
+    assert_eq!(body, "app0 POST /maintenance/job?via=h2");
+    let seen = c.apps[0].executed();
+    let job = seen.iter().find(|e| e.path.contains("via=h2")).unwrap();
+    assert_eq!(
+        job.headers["host"], "app.test",
+        "the app sees :authority as Host"
+    );
+    assert_eq!(
+        job.version,
+        Version::HTTP_11,
+        "upstream.protocol defaults to http1"
+    );
+    assert_eq!(job.headers["x-rolegate-role"], "maintenance");
+
+    // Encoded and case-folded spellings are gated the same way.
+    for path in [
+        "/%6Daintenance/a",
+        "/MAINTENANCE/b",
+        "//maintenance/c",
+        "/x/../maintenance/d",
+    ] {
+        let (status, headers, _, _) = exchange(&mut h2, get(&format!("http://app.test{path}")))
+            .await
+            .unwrap();
+        assert_eq!(
+            (status, &headers["x-app"]),
+            (StatusCode::CREATED, &"0".parse().unwrap()),
+            "{path}"
+        );
+    }
+    assert_eq!(
+        c.executed_with("aintenance/")[1..],
+        [0, 0],
+        "no non-holder ran role work"
+    );
+
+    // Host and :authority must agree; the request is refused before any app.
+    let spoof = Request::get("http://app.test/maintenance/host")
+        .header("host", "other.test")
+        .body(Body::empty())
+        .unwrap();
+    let (status, _, body, _) = exchange(&mut h2, spoof).await.unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
+    assert_eq!(c.executed_with("maintenance/host"), [0, 0, 0]);
+
+    // Paths outside every route go to the local app; trailers come through.
+    let (_, headers, body, _) = exchange(&mut h2, get("http://app.test/plain/page"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (headers["x-app"].to_str().unwrap(), &body[..]),
+        ("2", &b"app2 GET /plain/page"[..])
+    );
+    let (status, _, _, trailers) = exchange(&mut h2, get("http://app.test/maintenance/trailers"))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let trailers = trailers.expect("trailers forwarded over HTTP/2");
+    assert!(!trailers.is_empty(), "{trailers:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_protocol_h2c_speaks_http2_to_the_app() {
+    let mut spec = ClusterSpec::postgres("h2_up");
+    spec.upstream_yaml.push_str("  protocol: h2c\n");
+    let c = Cluster::start(spec).await;
+    // An HTTP/1.1 client at a non-holder: forwarded, then HTTP/2 to the app.
+    let (status, headers, body) = cluster::request(
+        Request::get(format!("{}/maintenance/over-h2c", c.gws[1].url()))
+            .header("host", "app.test")
+            .body(Body::empty())
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (status, headers["x-app"].to_str().unwrap()),
+        (StatusCode::CREATED, "0")
+    );
+    assert_eq!(body, "app0 GET /maintenance/over-h2c");
+    let seen = c.apps[0].executed();
+    let e = seen.iter().find(|e| e.path.ends_with("over-h2c")).unwrap();
+    assert_eq!(e.version, Version::HTTP_2);
+    assert_eq!(e.headers["x-rolegate-role"], "maintenance");
+    // Streaming answers (SSE) work over the HTTP/2 upstream too.
+    let resp = cluster::send(get(&format!("{}/maintenance/sse", c.gws[2].url())))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    c.apps[0].sse_next();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame())
+        .await
+        .expect("first SSE event while the stream is open")
+        .unwrap()
+        .unwrap();
+    assert!(first.data_ref().is_some_and(|d| !d.is_empty()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
+    let spec =
+        ClusterSpec::postgres("h2_streams").with_proxy("  http2:\n    max_concurrent_streams: 4\n");
+    let c = Cluster::start(spec).await;
+    let mut h2 = h2c(c.gws[1].port).await.expect("h2c handshake");
+    // hyper's client honours the server's limit and queues: the stream count
+    // the app sees at once is the configured limit, never more.
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let mut s = h2.clone();
+        calls.push(tokio::spawn(async move {
+            exchange(
+                &mut s,
+                get(&format!("http://app.test/maintenance/{i}/slow")),
+            )
+            .await
+        }));
+    }
+    support::wait_for(
+        "4 slow requests at the holder's app",
+        Duration::from_secs(10),
+        || c.executed_with("/slow")[0] == 4,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        c.executed_with("/slow"),
+        [4, 0, 0],
+        "no more than 4 streams at once"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
+        c.apps[0].release_slow();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for call in calls {
+        let (status, _, _, _) = call.await.unwrap().expect("served once a slot is free");
+        assert_eq!(status, StatusCode::OK);
+    }
+    let _ = exchange(&mut h2, get("http://app.test/plain"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_http2_off_prior_knowledge_is_refused_and_http1_still_served() {
+    let app = TestApp::start(0).await;
+    let spec = ClusterSpec::postgres("h2_off").with_proxy("  http2:\n    enabled: false\n");
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    match h2c(gw.port).await {
+        Err(_) => {}
+        Ok(mut s) => {
+            let r = exchange(&mut s, get("http://app.test/plain")).await;
+            assert!(r.is_err(), "HTTP/2 was served although turned off: {r:?}");
+        }
+    }
+    let (status, _, _) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    assert!(app.executed_paths().iter().all(|p| p == "/plain"));
+}
