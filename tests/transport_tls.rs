@@ -142,6 +142,13 @@ async fn gated_request_through_the_non_holder_is_forwarded_over_https_to_the_hol
         forwarded.contains("proto=https") && !forwarded.contains("proto=http;"),
         "{forwarded}"
     );
+    // HTTP/2 by ALPN over TLS, through the same forwarded hop.
+    let (status, body, alpn) = support::tls::get_h2(gws[1].port, &pki.cluster, "/maintenance/h2")
+        .await
+        .unwrap();
+    assert_eq!(alpn.as_deref(), Some(&b"h2"[..]), "h2 chosen by ALPN");
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body, "app0 GET /maintenance/h2");
     // The holder's listener speaks only TLS: a plain request gets no answer.
     assert!(cluster::get(&format!("{}/maintenance/x", gws[0].url()))
         .await

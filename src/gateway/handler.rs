@@ -116,14 +116,8 @@ impl GatewayState {
         let mut req = req.map(Body::new);
         let grpc = is_grpc(req.headers());
         let client = conn.client;
-        if self.hops_need_peer_cert && !conn.verified_peer && carries_hop_marker(req.headers()) {
-            // Before any hop handling: no signature check, no forwarding,
-            // never the app.
-            tracing::debug!(%client, "hop-marked request without a peer certificate refused");
-            let (resp, outcome) = self.settings.reject(Problem::new(
-                Reason::PeerCertificateRequired,
-                "a request marked as a gateway hop must come with a peer gateway's client certificate",
-            ));
+        if let Some(problem) = self.unverified_hop(&req, conn) {
+            let (resp, outcome) = self.settings.reject(problem);
             return finish(grpc, resp, outcome, None);
         }
         if conn.tls {
@@ -191,6 +185,20 @@ impl GatewayState {
             "role route answered"
         );
         finish(grpc, resp, outcome, None)
+    }
+
+    /// With `peers.require_client_cert`, a request carrying a hop marker on a
+    /// connection without a peer certificate is refused before any hop
+    /// handling: no signature check, no forwarding, never the app.
+    fn unverified_hop(&self, req: &Request<Body>, conn: ConnectionFacts) -> Option<Problem> {
+        if !self.hops_need_peer_cert || conn.verified_peer || !carries_hop_marker(req.headers()) {
+            return None;
+        }
+        tracing::debug!(client = %conn.client, "hop-marked request without a peer certificate refused");
+        Some(Problem::new(
+            Reason::PeerCertificateRequired,
+            "a request marked as a gateway hop must come with a peer gateway's client certificate",
+        ))
     }
 
     async fn to_upstream(

@@ -168,3 +168,41 @@ pub async fn get(
 ) -> Result<(StatusCode, HeaderMap, Bytes), String> {
     TlsConn::open(port, config).await?.get(path, headers).await
 }
+
+/// One GET over a fresh TLS connection that offers only `h2` by ALPN:
+/// (status, body, the protocol the server chose).
+pub async fn get_h2(
+    port: u16,
+    ca: &Ca,
+    path: &str,
+) -> Result<(StatusCode, Bytes, Option<Vec<u8>>), String> {
+    let mut config = (*client_config(ca, None)).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let alpn = tls.get_ref().1.alpn_protocol().map(|p| p.to_vec());
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = Request::get(format!("https://127.0.0.1:{port}{path}"))
+        .body(Body::empty())
+        .map_err(|e| e.to_string())?;
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, body.to_bytes(), alpn))
+}
