@@ -236,9 +236,19 @@ pub fn peer_client_config(peers: &PeersConfig) -> Result<Option<rustls::ClientCo
     };
     let config = match (&peers.cert_file, &peers.key_file) {
         (Some(cert), Some(key)) => {
-            let pair = certified_key(("peers.cert_file", "peers.key_file"), cert, key)?;
+            let chain = certificates("peers.cert_file", cert)?;
+            let private = private_key("peers.key_file", key)?;
+            // The same check as the listener's pair: the key must be the certificate's.
+            CertifiedKey::from_der(chain.clone(), private.clone_key(), &provider()).map_err(
+                |source| TlsError::KeyMismatch {
+                    key: "peers.key_file",
+                    cert_path: cert.clone(),
+                    key_path: key.clone(),
+                    source: Box::new(source),
+                },
+            )?;
             builder
-                .with_client_auth_cert(pair.cert, private_key("peers.key_file", key)?)
+                .with_client_auth_cert(chain, private)
                 .map_err(TlsError::Setup)?
         }
         _ => builder.with_no_client_auth(),
