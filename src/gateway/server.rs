@@ -112,7 +112,7 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();
-        let (state, tls, mut stop) = (state.clone(), tls.clone(), stop.clone());
+        let (state, tls, mut conn_stop) = (state.clone(), tls.clone(), stop.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let _open = open;
@@ -120,11 +120,12 @@ pub(crate) async fn serve(
             match tls {
                 None => {
                     let facts = ConnectionFacts::plain(client);
-                    serve_connection(stream, facts, state, limits, stop).await
+                    serve_connection(stream, facts, state, limits, conn_stop).await
                 }
                 Some(tls) => {
-                    if let Some((stream, facts)) = tls.handshake(stream, client, &mut stop).await {
-                        serve_connection(stream, facts, state, limits, stop).await
+                    let handshake = tls.handshake(stream, client, &mut conn_stop).await;
+                    if let Some((stream, facts)) = handshake {
+                        serve_connection(stream, facts, state, limits, conn_stop).await
                     }
                 }
             }
