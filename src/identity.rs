@@ -36,10 +36,11 @@ fn hostname() -> String {
     }
 }
 
-/// The advertise address: the configured one, else `http://` + the bound
+/// The advertise address: the configured one, else `http://` (`https://`
+/// when the listener serves TLS) + the bound
 /// address with a wildcard host replaced by a non-loopback IPv4 of this host
 /// (loopback when the host has no other).
-pub fn advertise_address(configured: Option<&str>, bound: SocketAddr) -> String {
+pub fn advertise_address(configured: Option<&str>, bound: SocketAddr, https: bool) -> String {
     if let Some(a) = configured {
         return a.trim_end_matches('/').to_string();
     }
@@ -50,9 +51,10 @@ pub fn advertise_address(configured: Option<&str>, bound: SocketAddr) -> String 
     } else {
         bound.ip()
     };
+    let scheme = if https { "https" } else { "http" };
     match ip {
-        IpAddr::V4(v4) => format!("http://{v4}:{}", bound.port()),
-        IpAddr::V6(v6) => format!("http://[{v6}]:{}", bound.port()),
+        IpAddr::V4(v4) => format!("{scheme}://{v4}:{}", bound.port()),
+        IpAddr::V6(v6) => format!("{scheme}://[{v6}]:{}", bound.port()),
     }
 }
 
@@ -83,15 +85,24 @@ mod tests {
     #[test]
     fn advertise_replaces_wildcards_only() {
         assert_eq!(
-            advertise_address(None, "127.0.0.1:8080".parse().unwrap()),
+            advertise_address(None, "127.0.0.1:8080".parse().unwrap(), false),
             "http://127.0.0.1:8080"
         );
         assert_eq!(
-            advertise_address(Some("https://a.example/"), "0.0.0.0:1".parse().unwrap()),
+            advertise_address(
+                Some("https://a.example/"),
+                "0.0.0.0:1".parse().unwrap(),
+                false
+            ),
             "https://a.example"
         );
-        let wild = advertise_address(None, "0.0.0.0:8080".parse().unwrap());
+        let wild = advertise_address(None, "0.0.0.0:8080".parse().unwrap(), false);
         assert!(!wild.contains("0.0.0.0"), "{wild}");
         assert!(wild.ends_with(":8080"));
+        assert_eq!(
+            advertise_address(None, "127.0.0.1:8443".parse().unwrap(), true),
+            "https://127.0.0.1:8443",
+            "a TLS listener is advertised as https"
+        );
     }
 }

@@ -17,6 +17,7 @@ mod role;
 mod shutdown;
 pub mod store;
 mod telemetry;
+mod tls;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod work;
 

@@ -41,6 +41,12 @@ pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
 /// Counter: upstream health probes by `outcome` (ok, fail).
 pub const HEALTH_PROBES: &str = "rolegate_health_probes_total";
 
+/// Counter: reloads of the public listener's certificate by `outcome`
+/// (ok, refused: the new pair was bad and the previous one kept).
+pub const TLS_RELOADS: &str = "rolegate_tls_certificate_reloads_total";
+/// Counter: TLS handshakes on the public listener that failed or timed out.
+pub const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures_total";
+
 /// Installs the Prometheus recorder for this process.
 pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let buckets = [
@@ -90,6 +96,14 @@ fn describe() {
         HEALTH_WITHDRAWALS,
         "times this instance stopped contending because its app failed its health check"
     );
+    describe_counter!(
+        TLS_RELOADS,
+        "reloads of the listener certificate, by outcome (ok, refused)"
+    );
+    describe_counter!(
+        TLS_HANDSHAKE_FAILURES,
+        "TLS handshakes on the public listener that failed or timed out"
+    );
 }
 
 /// Handles for the metrics recorded on every request, resolved once: a
@@ -104,7 +118,7 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 15] = [
+pub const OUTCOMES: [&str; 16] = [
     "local",
     "forwarded",
     "passthrough",
@@ -118,6 +132,7 @@ pub const OUTCOMES: [&str; 15] = [
     "holder-unreachable",
     "holder-timeout",
     "already-forwarded",
+    "peer-certificate-required",
     "upstream-unreachable",
     "upstream-timeout",
 ];

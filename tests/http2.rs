@@ -200,8 +200,12 @@ async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
         ClusterSpec::postgres("h2_streams").with_proxy("  http2:\n    max_concurrent_streams: 4\n");
     let c = Cluster::start(spec).await;
     let mut h2 = h2c(c.gws[1].port).await.expect("h2c handshake");
-    // hyper's client honours the server's limit and queues: the stream count
-    // the app sees at once is the configured limit, never more.
+    // One exchange first, so the client has the server's SETTINGS: hyper's
+    // client then honours the limit and queues. (Streams sent before the
+    // SETTINGS arrive are refused; tests/hostile_clients.rs checks that.)
+    let _ = exchange(&mut h2, get("http://app.test/plain/first"))
+        .await
+        .unwrap();
     let mut calls = Vec::new();
     for i in 0..10 {
         let mut s = h2.clone();
@@ -231,7 +235,10 @@ async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for call in calls {
-        let (status, _, _, _) = call.await.unwrap().expect("served once a slot is free");
+        let (status, _, _, _) = call
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("not served once a slot was free: {e}"));
         assert_eq!(status, StatusCode::OK);
     }
     let _ = exchange(&mut h2, get("http://app.test/plain"))

@@ -43,6 +43,11 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
         eprintln!("error: {}: {}", path.display(), super::report(&e));
         return ExitCode::from(EXIT_CONFIG);
     }
+    // The files `run` would read at start: a bad pair is refused here too.
+    if let Err(e) = crate::tls::check_files(config.tls.as_ref(), &config.peers) {
+        eprintln!("error: {}: {}", path.display(), e.report());
+        return ExitCode::from(super::EXIT_CONFIG);
+    }
     if print {
         print!("{}", config.to_yaml());
     } else {

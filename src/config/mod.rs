@@ -18,10 +18,14 @@ mod routes;
 mod store;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_transport;
+mod transport;
 
 pub use crate::lease::LeaseTimings;
 pub use crate::proxy::{HopProtocol, KeySource};
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
+pub use crate::tls::{PeersConfig, TlsConfig};
 pub use print::{CLUSTER_SECRET_VAR, STORE_PASSWORD_VAR};
 pub use resolve::{expand_env, EnvError};
 
@@ -209,6 +213,10 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Graceful stop.
     pub shutdown: ShutdownConfig,
+    /// TLS on the public listener; plain TCP when unset.
+    pub tls: Option<TlsConfig>,
+    /// TLS between gateways (cluster CA, mutual TLS).
+    pub peers: PeersConfig,
 }
 
 impl Config {

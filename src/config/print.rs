@@ -29,6 +29,28 @@ struct File {
     routes: Vec<Route>,
     proxy: Proxy,
     shutdown: Shutdown,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tls: Option<Tls>,
+    peers: Peers,
+}
+
+#[derive(Serialize)]
+struct Tls {
+    cert_file: String,
+    key_file: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_ca_file: Option<String>,
+}
+
+#[derive(Serialize)]
+struct Peers {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ca_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cert_file: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_file: Option<String>,
+    require_client_cert: bool,
 }
 
 #[derive(Serialize)]
@@ -154,6 +176,10 @@ fn text(d: Duration) -> String {
     humantime::format_duration(d).to_string()
 }
 
+fn path(p: &std::path::Path) -> String {
+    p.display().to_string()
+}
+
 fn timings(t: &crate::lease::LeaseTimings) -> Timings {
     Timings {
         duration: text(t.duration),
@@ -244,6 +270,17 @@ impl Config {
             proxy: self.printed_proxy(),
             shutdown: Shutdown {
                 drain_timeout: text(self.shutdown.drain_timeout),
+            },
+            tls: self.tls.as_ref().map(|t| Tls {
+                cert_file: path(&t.cert_file),
+                key_file: path(&t.key_file),
+                client_ca_file: t.client_ca_file.as_deref().map(path),
+            }),
+            peers: Peers {
+                ca_file: self.peers.ca_file.as_deref().map(path),
+                cert_file: self.peers.cert_file.as_deref().map(path),
+                key_file: self.peers.key_file.as_deref().map(path),
+                require_client_cert: self.peers.require_client_cert,
             },
         };
         serde_saphyr::to_string(&file).unwrap_or_else(|e| format!("# cannot render: {e}\n"))

@@ -134,6 +134,9 @@ pub(super) struct RawConfig {
     pub(super) proxy: RawProxy,
     #[serde(default)]
     pub(super) shutdown: RawShutdown,
+    pub(super) tls: Option<Spanned<RawTls>>,
+    #[serde(default)]
+    pub(super) peers: RawPeers,
 }
 
 #[derive(Deserialize, Default)]
@@ -260,4 +263,21 @@ pub(super) struct RawProxy {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawShutdown {
     pub(super) drain_timeout: Option<Text>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTls {
+    pub(super) cert_file: Option<Text>,
+    pub(super) key_file: Option<Text>,
+    pub(super) client_ca_file: Option<Text>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawPeers {
+    pub(super) ca_file: Option<Text>,
+    pub(super) cert_file: Option<Text>,
+    pub(super) key_file: Option<Text>,
+    pub(super) require_client_cert: Option<Spanned<bool>>,
 }

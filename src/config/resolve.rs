@@ -154,6 +154,9 @@ impl Resolver<'_> {
             proxy.case_insensitive_paths,
         )?;
         let shutdown = self.shutdown(&raw.shutdown)?;
+        let tls = self.tls(raw.tls.as_ref())?;
+        let peers = self.peers(&raw.peers, tls.as_ref())?;
+        self.advertise_scheme(&raw.instance, instance.advertise.as_deref(), tls.as_ref())?;
         Ok(Config {
             instance,
             listen,
@@ -166,6 +169,8 @@ impl Resolver<'_> {
             routes,
             proxy,
             shutdown,
+            tls,
+            peers,
         })
     }
 }

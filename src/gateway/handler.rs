@@ -14,20 +14,45 @@ use super::GatewayError;
 use crate::config::{Config, RouteTarget};
 use crate::events::EventLog;
 use crate::lease::Coordinator;
-use crate::proxy::forward::{prepare_headers, sanitize_headers};
+use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
-use crate::proxy::headers::{ROLE, TOKEN};
+use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
 use crate::proxy::{failure_problem, Forwarder, HopProtocol, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
 
+/// What the gateway knows of a connection, from the socket and the TLS
+/// session only (never from a header).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionFacts {
+    /// The peer's address.
+    pub(crate) client: SocketAddr,
+    /// The connection is TLS (the forwarding fields say `https`).
+    pub(crate) tls: bool,
+    /// The client presented a certificate that chains to `peers.ca_file`.
+    pub(crate) verified_peer: bool,
+}
+
+impl ConnectionFacts {
+    /// A connection without TLS: no certificate, so never a verified peer.
+    pub(crate) fn plain(client: SocketAddr) -> Self {
+        Self {
+            client,
+            tls: false,
+            verified_peer: false,
+        }
+    }
+}
+
 /// Everything a request needs, shared by all connections.
 pub(crate) struct GatewayState {
     routes: RouteTable<GateTarget>,
     settings: GateSettings,
     upstream: String,
+    /// `peers.require_client_cert`: hop-marked requests need a verified peer.
+    hops_need_peer_cert: bool,
     upstream_protocol: HopProtocol,
     /// `--events`: local admissions are logged here.
     events: Option<Arc<EventLog>>,
@@ -76,6 +101,7 @@ impl GatewayState {
                 peer_protocol: HopProtocol::Http1,
             },
             upstream,
+            hops_need_peer_cert: config.peers.require_client_cert,
             upstream_protocol,
             events,
         })
@@ -85,10 +111,18 @@ impl GatewayState {
     pub(crate) async fn handle(
         &self,
         req: Request<Incoming>,
-        client: SocketAddr,
+        conn: ConnectionFacts,
     ) -> Response<Body> {
         let mut req = req.map(Body::new);
         let grpc = is_grpc(req.headers());
+        let client = conn.client;
+        if let Some(problem) = self.unverified_hop(&req, conn) {
+            let (resp, outcome) = self.settings.reject(problem);
+            return finish(grpc, resp, outcome, None);
+        }
+        if conn.tls {
+            req.extensions_mut().insert(ArrivedOverTls);
+        }
         if req.method() == http::Method::OPTIONS && req.uri().path() == "*" {
             // A server-wide capability probe: answered here, gating nothing.
             let mut resp = Response::new(Body::empty());
@@ -151,6 +185,20 @@ impl GatewayState {
             "role route answered"
         );
         finish(grpc, resp, outcome, None)
+    }
+
+    /// With `peers.require_client_cert`, a request carrying a hop marker on a
+    /// connection without a peer certificate is refused before any hop
+    /// handling: no signature check, no forwarding, never the app.
+    fn unverified_hop(&self, req: &Request<Body>, conn: ConnectionFacts) -> Option<Problem> {
+        if !self.hops_need_peer_cert || conn.verified_peer || !carries_hop_marker(req.headers()) {
+            return None;
+        }
+        tracing::debug!(client = %conn.client, "hop-marked request without a peer certificate refused");
+        Some(Problem::new(
+            Reason::PeerCertificateRequired,
+            "a request marked as a gateway hop must come with a peer gateway's client certificate",
+        ))
     }
 
     async fn to_upstream(

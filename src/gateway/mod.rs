@@ -6,6 +6,7 @@
 mod handler;
 mod health;
 mod server;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +54,9 @@ pub(crate) enum GatewayError {
     /// The HTTP client could not be built.
     #[error("cannot build the HTTP client")]
     Client(#[from] ForwardError),
+    /// A certificate, key or CA file of `tls` or `peers` is unusable.
+    #[error("cannot set up TLS")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// Runs the gateway until SIGTERM/SIGINT, then drains and releases.
@@ -83,7 +87,18 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
             which: "",
             source,
         })?;
-    let advertise = crate::identity::advertise_address(config.instance.advertise.as_deref(), bound);
+    // Before anything contends: bad TLS files are refused at start.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(|t| tls::ListenerTls::start(t, &config.peers, config.proxy.http2.enabled));
+    let tls = tls.transpose()?.map(Arc::new);
+    let forwarder = forwarder(&config)?;
+    let advertise = crate::identity::advertise_address(
+        config.instance.advertise.as_deref(),
+        bound,
+        config.tls.is_some(),
+    );
     let store = open_store(&config).await?;
     let mut builder = config.coordinator(store).advertise(advertise.clone());
     if let Some(log) = &events {
@@ -94,15 +109,11 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     if let Some(log) = &events {
         log.started(coordinator.instance_id());
     }
-    let forwarder = Forwarder::new(
-        config.proxy.connect_timeout,
-        config.proxy.response_header_timeout,
-    )?
-    .with_idle_timeout(config.proxy.idle_timeout);
     let state = Arc::new(GatewayState::new(&config, &coordinator, forwarder, events)?);
     tracing::info!(
         instance = coordinator.instance_id(),
         listen = %bound,
+        tls = config.tls.is_some(),
         admin = %config.admin_listen,
         advertise = %advertise,
         store = coordinator.store_kind(),
@@ -119,7 +130,7 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
         metrics,
         admin_shutdown,
     ));
-    let server = tokio::spawn(serve(listener, state, tracker.clone(), limits));
+    let server = tokio::spawn(serve(listener, state, tracker.clone(), limits, tls));
 
     crate::shutdown::signal().await;
     drain(&config, &coordinator, &tracker, server).await;
@@ -127,6 +138,17 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
     Ok(())
+}
+
+/// The client for the app and for hops to peers (`peers`: CA, client certificate).
+fn forwarder(config: &Config) -> Result<Forwarder, GatewayError> {
+    let peer_tls = crate::tls::peer_client_config(&config.peers)?;
+    Ok(Forwarder::new(
+        config.proxy.connect_timeout,
+        config.proxy.response_header_timeout,
+    )?
+    .with_idle_timeout(config.proxy.idle_timeout)
+    .with_peer_tls(peer_tls))
 }
 
 /// `proxy.max_connections`, lowered to fit the open-files limit.

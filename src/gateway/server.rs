@@ -10,10 +10,12 @@ use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
-use super::handler::GatewayState;
+use super::handler::{ConnectionFacts, GatewayState};
+use super::tls::ListenerTls;
 use crate::config::Http2Config;
 use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
@@ -98,6 +100,7 @@ pub(crate) async fn serve(
     state: Arc<GatewayState>,
     tracker: ConnectionTracker,
     limits: ServeLimits,
+    tls: Option<Arc<ListenerTls>>,
 ) {
     let mut stop = tracker.stop.subscribe();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
@@ -109,11 +112,23 @@ pub(crate) async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();
-        let connection = serve_connection(stream, client, state.clone(), limits, stop.clone());
+        let (state, tls, mut conn_stop) = (state.clone(), tls.clone(), stop.clone());
         tokio::spawn(async move {
             let _slot = slot;
             let _open = open;
-            connection.await;
+            // The handshake runs here, in the connection's task, never in the accept loop.
+            match tls {
+                None => {
+                    let facts = ConnectionFacts::plain(client);
+                    serve_connection(stream, facts, state, limits, conn_stop).await
+                }
+                Some(tls) => {
+                    let handshake = tls.handshake(stream, client, &mut conn_stop).await;
+                    if let Some((stream, facts)) = handshake {
+                        serve_connection(stream, facts, state, limits, conn_stop).await
+                    }
+                }
+            }
         });
     }
 }
@@ -147,13 +162,16 @@ macro_rules! drive {
 }
 
 /// Serves one connection until it closes, idles out, or shutdown drains it.
-async fn serve_connection(
-    stream: TcpStream,
-    client: SocketAddr,
+async fn serve_connection<S>(
+    stream: S,
+    conn: ConnectionFacts,
     state: Arc<GatewayState>,
     limits: ServeLimits,
     mut stop: Shutdown,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let client = conn.client;
     // Until a first request head arrives, the connection is held to the
     // header read timeout, whatever the protocol: hyper times HTTP/1.1 heads
     // but not the wait for the first bytes, nor an HTTP/2 client that sends
@@ -163,7 +181,7 @@ async fn serve_connection(
     let service = hyper::service::service_fn(move |req| {
         seen.store(true, Ordering::Release);
         let state = state.clone();
-        async move { Ok::<_, Infallible>(state.handle(req, client).await) }
+        async move { Ok::<_, Infallible>(state.handle(req, conn).await) }
     });
     let progress = Progress::new();
     progress.touch();

@@ -100,12 +100,52 @@ pub enum HopProtocol {
 
 type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
 
+/// One TLS setup's clients: pooled HTTP/1.1, and one multiplexed HTTP/2
+/// connection per address.
+#[derive(Clone)]
+struct Transport {
+    client: PooledClient,
+    h2: H2Pool,
+}
+
+impl Transport {
+    /// Both clients over `tls` (its ALPN unset; each client sets its own).
+    fn new(tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+        let mut http = HttpConnector::new();
+        http.set_connect_timeout(Some(connect_timeout));
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let h1 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http.clone());
+        let h2 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(256)
+            .timer(TokioTimer::new())
+            .build(h1);
+        Self {
+            client,
+            h2: H2Pool::new(h2, connect_timeout),
+        }
+    }
+}
+
 /// The pooled clients every forwarded request goes through.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: PooledClient,
-    /// HTTP/2: one multiplexed connection per address.
-    h2: H2Pool,
+    /// The app, and peers unless `peers` sets TLS of its own.
+    app: Transport,
+    /// Hops to peer gateways, when `peers` sets a CA or a client certificate.
+    peers: Option<Transport>,
+    connect_timeout: Duration,
     response_header_timeout: Duration,
     idle_timeout: Duration,
 }
@@ -122,36 +162,28 @@ impl Forwarder {
         connect_timeout: Duration,
         response_header_timeout: Duration,
     ) -> Result<Self, ForwardError> {
-        let mut http = HttpConnector::new();
-        http.set_connect_timeout(Some(connect_timeout));
-        http.set_nodelay(true);
-        http.enforce_http(false);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let h1 = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider.clone())
-            .map_err(ForwardError::Tls)?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http.clone());
-        let h2 = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(provider)
-            .map_err(ForwardError::Tls)?
-            .https_or_http()
-            .enable_http2()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .pool_max_idle_per_host(256)
-            .timer(TokioTimer::new())
-            .build(h1);
-        let h2 = H2Pool::new(h2, connect_timeout);
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(ForwardError::Tls)?;
+        let tls = hyper_rustls::ConfigBuilderExt::with_webpki_roots(tls).with_no_client_auth();
         Ok(Self {
-            client,
-            h2,
+            app: Transport::new(tls, connect_timeout),
+            peers: None,
+            connect_timeout,
             response_header_timeout,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
         })
+    }
+
+    /// Hops to peer gateways use `tls` (the cluster CA, a client
+    /// certificate) instead of the web PKI roots; `None` keeps the default.
+    /// Requests to the local app are unaffected.
+    pub fn with_peer_tls(mut self, tls: Option<rustls::ClientConfig>) -> Self {
+        if let Some(tls) = tls {
+            self.peers = Some(Transport::new(tls, self.connect_timeout));
+        }
+        self
     }
 
     /// Sets how long an upgraded tunnel may move no byte either way.
@@ -173,7 +205,7 @@ impl Forwarder {
             return false;
         };
         let answer = tokio::time::timeout(timeout, async {
-            let resp = self.send(req, &base_of(&uri)?, protocol).await.ok()?;
+            let resp = (self.send(&self.app, req, &base_of(&uri)?, protocol).await).ok()?;
             let ok = resp.status().is_success();
             // Drain the body frame by frame (never held whole) so the
             // connection returns to the pool; give up on a huge one.
@@ -206,19 +238,20 @@ impl Forwarder {
     /// One exchange over `protocol`; `req`'s URI is `base` + path.
     async fn send(
         &self,
+        transport: &Transport,
         req: Request<Body>,
         base: &str,
         protocol: HopProtocol,
     ) -> Result<Response<hyper::body::Incoming>, H2Failure> {
         match protocol {
-            HopProtocol::Http1 => self.client.request(req).await.map_err(|e| {
+            HopProtocol::Http1 => transport.client.request(req).await.map_err(|e| {
                 if e.is_connect() {
                     H2Failure::Connect(Box::new(e))
                 } else {
                     H2Failure::Exchange(Box::new(e))
                 }
             }),
-            HopProtocol::Http2 => self.h2.send(base, req).await,
+            HopProtocol::Http2 => transport.h2.send(base, req).await,
         }
     }
 
@@ -226,6 +259,28 @@ impl Forwarder {
     /// over HTTP/1.1, the only version that upgrades a connection.
     pub async fn proxy_over(
         &self,
+        req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<Body>, ForwardError> {
+        self.exchange(&self.app, req, base, protocol).await
+    }
+
+    /// [`Forwarder::proxy_over`] to a peer gateway: through the peer TLS
+    /// clients when `peers` configured them.
+    pub async fn proxy_to_peer(
+        &self,
+        req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<Body>, ForwardError> {
+        let transport = self.peers.as_ref().unwrap_or(&self.app);
+        self.exchange(transport, req, base, protocol).await
+    }
+
+    async fn exchange(
+        &self,
+        transport: &Transport,
         mut req: Request<Body>,
         base: &str,
         protocol: HopProtocol,
@@ -246,7 +301,7 @@ impl Forwarder {
         let watch = Arc::new(BodyWatch::default());
         let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let send = self.send(req, base, protocol);
+        let send = self.send(transport, req, base, protocol);
         let head_deadline = async {
             watch.ended().await;
             tokio::time::sleep(self.response_header_timeout).await;
@@ -474,13 +529,23 @@ pub struct HopContext<'a> {
     pub to_peer: bool,
 }
 
+/// Request extension: the request came to this gateway over TLS, so the
+/// forwarding fields say `proto=https`. Set by the listener only.
+#[derive(Debug, Clone, Copy)]
+pub struct ArrivedOverTls;
+
 /// Prepares a request's headers for the next hop: client-sent rolegate
 /// fields and look-alikes removed, forwarding fields replaced unless trusted,
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.
 pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
+    let proto = if req.extensions().get::<ArrivedOverTls>().is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let headers = req.headers_mut();
     sanitize_headers(headers, hop.trusted, hop.upgrades);
-    add_forwarding(headers, hop.client, hop.by, "http", hop.to_peer);
+    add_forwarding(headers, hop.client, hop.by, proto, hop.to_peer);
     // HTTP/1.0 clients may send no Host; the URI authority fills it later.
     if let Some(h) = headers.get(header::HOST) {
         if h.is_empty() {

@@ -327,7 +327,7 @@ impl GateSettings {
         } else {
             self.peer_protocol
         };
-        match self.forwarder.proxy_over(req, address, protocol).await {
+        match self.forwarder.proxy_to_peer(req, address, protocol).await {
             Ok(resp) => (resp, Outcome::Forwarded),
             Err(e) => {
                 let hop = NextHop::Holder {

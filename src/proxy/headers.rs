@@ -37,6 +37,24 @@ pub fn rolegate_hops(headers: &HeaderMap) -> usize {
         .count()
 }
 
+/// Whether a request carries any sign of a gateway hop: the hop marker (in
+/// any spelling a CGI server would merge with it) or a `Via: 1.1 rolegate
+/// (<id>)` entry, which only a gateway forwarding to a peer writes.
+pub fn carries_hop_marker(headers: &HeaderMap) -> bool {
+    let marker = headers
+        .keys()
+        .any(|k| same_when_underscored(k.as_str(), HOP.as_str()));
+    marker
+        || headers
+            .get_all(header::VIA)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+            .any(|e| {
+                let e = e.trim_ascii();
+                e.len() > 12 && e[..12].eq_ignore_ascii_case(b"1.1 rolegate") && e.contains(&b'(')
+            })
+}
+
 /// Whether this very instance already passed the request on to a peer (its
 /// id is in a `Via: 1.1 rolegate (<id>)` comment): a forwarding loop.
 pub fn passed_through(headers: &HeaderMap, instance_id: &str) -> bool {
@@ -349,6 +367,19 @@ mod tests {
             );
         }
         h
+    }
+
+    #[test]
+    fn hop_markers_are_seen_in_every_spelling_and_in_a_peer_via() {
+        assert!(carries_hop_marker(&map(&[("x-rolegate-hop", "gw")])));
+        assert!(carries_hop_marker(&map(&[("x_rolegate_hop", "gw")])));
+        assert!(carries_hop_marker(&map(&[(
+            "via",
+            "1.0 a, 1.1 rolegate (gw-1)"
+        )])));
+        assert!(!carries_hop_marker(&map(&[("via", "1.1 rolegate")])));
+        assert!(!carries_hop_marker(&map(&[("via", "1.1 other (x)")])));
+        assert!(!carries_hop_marker(&map(&[("x-rolegate-role", "r")])));
     }
 
     #[test]

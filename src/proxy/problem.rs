@@ -1,5 +1,6 @@
 //! `application/problem+json` (RFC 9457) answers: 400 for a bad request or
-//! key, 405 for `CONNECT`, 503
+//! key, 403 for a hop without a peer certificate (mutual TLS), 405 for
+//! `CONNECT`, 503
 //! (always with an integer `Retry-After`) when this instance must not serve
 //! and cannot forward, 502/504 when the local upstream fails.
 
@@ -38,11 +39,14 @@ pub enum Reason {
     BadBody,
     /// `CONNECT` is not proxied.
     MethodNotAllowed,
+    /// A hop-marked request came on a connection without a peer gateway's
+    /// client certificate while `peers.require_client_cert` is set.
+    PeerCertificateRequired,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::MissingKey,
         Reason::HolderUnknown,
         Reason::HolderUnreachable,
@@ -55,6 +59,7 @@ impl Reason {
         Reason::AmbiguousPath,
         Reason::BadBody,
         Reason::MethodNotAllowed,
+        Reason::PeerCertificateRequired,
     ];
 
     /// The reason's name, as in the problem body and metrics.
@@ -72,6 +77,7 @@ impl Reason {
             Reason::AmbiguousPath => "ambiguous-path",
             Reason::BadBody => "bad-body",
             Reason::MethodNotAllowed => "method-not-allowed",
+            Reason::PeerCertificateRequired => "peer-certificate-required",
         }
     }
 
@@ -84,6 +90,7 @@ impl Reason {
             | Reason::AmbiguousPath
             | Reason::BadBody => StatusCode::BAD_REQUEST,
             Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Reason::PeerCertificateRequired => StatusCode::FORBIDDEN,
             Reason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::SERVICE_UNAVAILABLE,
@@ -104,6 +111,7 @@ impl Reason {
             Reason::AmbiguousPath => "Path ambiguous",
             Reason::BadBody => "Request body malformed",
             Reason::MethodNotAllowed => "Method not allowed",
+            Reason::PeerCertificateRequired => "Peer certificate required",
         }
     }
 }
