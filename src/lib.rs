@@ -11,6 +11,7 @@ mod gateway;
 mod identity;
 pub mod lease;
 mod listener;
+mod protocol;
 mod proxy;
 mod redact;
 mod role;

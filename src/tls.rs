@@ -4,6 +4,7 @@
 //! gateways, and the client-certificate verifiers of the public listener.
 //! The listener's handshake and certificate reload live in the gateway.
 
+use crate::protocol::HopProtocol;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,6 +39,9 @@ pub struct PeersConfig {
     /// Refuse hop-marked requests on connections without a client
     /// certificate from `ca_file`.
     pub require_client_cert: bool,
+    /// `http1` (pooled connections, the default) or `h2` (one multiplexed
+    /// HTTP/2 connection per peer). gRPC hops are HTTP/2 either way.
+    pub protocol: HopProtocol,
 }
 
 /// Why TLS material could not be used; each names the file and its key.

@@ -304,3 +304,98 @@ async fn a_connection_that_sends_no_request_is_closed_at_the_header_timeout() {
     let (status, _, _) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
 }
+
+/// Established TCP connections to `port` on loopback (`ss`, iproute2).
+fn connections_to(port: u16) -> usize {
+    let out = std::process::Command::new("ss")
+        .args([
+            "-Htn",
+            "state",
+            "established",
+            &format!("( dport = :{port} )"),
+        ])
+        .output()
+        .expect("ss (iproute2) is needed to count connections");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peer_hops_over_http2_share_one_connection_and_keep_every_rule() {
+    let spec = ClusterSpec::postgres("h2_peers")
+        .with_extra("peers:\n  protocol: h2\n")
+        .with_proxy("  cluster_secret: an-h2-hop-secret-of-32-bytes!!!!\n");
+    let c = Cluster::start(spec).await;
+    // Twenty requests at once through a non-holder: all at the holder's app,
+    // each with the holder's role and token, over one connection to it.
+    let mut calls = Vec::new();
+    for i in 0..20 {
+        let url = format!("{}/maintenance/job/{i}", c.gws[2].url());
+        calls.push(tokio::spawn(async move { cluster::get(&url).await }));
+    }
+    for call in calls {
+        let (status, headers, _) = call.await.unwrap().unwrap();
+        assert_eq!(
+            (status, headers["x-app"].to_str().unwrap()),
+            (StatusCode::CREATED, "0")
+        );
+    }
+    let token = c.gws[0].held().await["maintenance"].1.to_string();
+    let jobs: Vec<_> = c.apps[0]
+        .executed()
+        .into_iter()
+        .filter(|e| e.path.contains("/job/"))
+        .collect();
+    assert_eq!(jobs.len(), 20);
+    for e in &jobs {
+        assert_eq!(e.headers["x-rolegate-token"], token.as_str());
+        let via = e.headers["via"].to_str().unwrap();
+        assert!(
+            via.contains("rolegate"),
+            "one signed hop, marked in Via: {via}"
+        );
+    }
+    assert_eq!(c.executed_with("/job/")[1..], [0, 0]);
+    assert_eq!(
+        connections_to(c.gws[0].port),
+        1,
+        "one multiplexed hop connection"
+    );
+    // Bodies stream both ways, and SSE events arrive while the stream is open.
+    let req = Request::post(format!("{}/maintenance/echo-body", c.gws[1].url()))
+        .body(Body::from(vec![7u8; 300_000]))
+        .unwrap();
+    let (status, _, body) = cluster::request(req).await.unwrap();
+    assert_eq!((status, body.len()), (StatusCode::OK, 300_000));
+    let resp = cluster::send(get(&format!("{}/maintenance/sse", c.gws[2].url())))
+        .await
+        .unwrap();
+    let mut body = resp.into_body();
+    c.apps[0].sse_next();
+    let first = tokio::time::timeout(Duration::from_secs(5), body.frame()).await;
+    assert!(
+        first.is_ok_and(|f| f.is_some_and(|f| f.is_ok_and(|f| f.is_data()))),
+        "SSE over an h2 hop"
+    );
+    // An upgrade (WebSocket) still works: it takes an HTTP/1.1 hop.
+    let url = format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port);
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", c.gws[2].port))
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async(url, stream)
+        .await
+        .expect("websocket handshake");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    use futures_util::{SinkExt, StreamExt};
+    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(got.into_text().unwrap().as_str(), "ping");
+}

@@ -51,6 +51,7 @@ struct Peers {
     #[serde(skip_serializing_if = "Option::is_none")]
     key_file: Option<String>,
     require_client_cert: bool,
+    protocol: &'static str,
 }
 
 #[derive(Serialize)]
@@ -281,6 +282,10 @@ impl Config {
                 cert_file: self.peers.cert_file.as_deref().map(path),
                 key_file: self.peers.key_file.as_deref().map(path),
                 require_client_cert: self.peers.require_client_cert,
+                protocol: match self.peers.protocol {
+                    super::HopProtocol::Http1 => "http1",
+                    super::HopProtocol::Http2 => "h2",
+                },
             },
         };
         serde_saphyr::to_string(&file).unwrap_or_else(|e| format!("# cannot render: {e}\n"))

@@ -280,4 +280,5 @@ pub(super) struct RawPeers {
     pub(super) cert_file: Option<Text>,
     pub(super) key_file: Option<Text>,
     pub(super) require_client_cert: Option<Spanned<bool>>,
+    pub(super) protocol: Option<Text>,
 }

@@ -9,6 +9,7 @@ use serde_saphyr::Spanned;
 use super::raw::{RawInstance, RawPeers, RawTls, Text};
 use super::resolve::Resolver;
 use super::ConfigError;
+use crate::protocol::HopProtocol;
 use crate::tls::{PeersConfig, TlsConfig};
 
 impl Resolver<'_> {
@@ -48,6 +49,20 @@ impl Resolver<'_> {
             cert_file: self.path(&raw.cert_file, "peers.cert_file")?,
             key_file: self.path(&raw.key_file, "peers.key_file")?,
             require_client_cert: raw.require_client_cert.as_ref().is_some_and(|b| b.value),
+            protocol: match &raw.protocol {
+                None => HopProtocol::Http1,
+                Some(p) => match self.text(p, "peers.protocol")?.as_str() {
+                    "http1" => HopProtocol::Http1,
+                    "h2" => HopProtocol::Http2,
+                    other => {
+                        return Err(self.err(
+                            Some(&p.referenced),
+                            "peers.protocol",
+                            format!("`{other}` is not a protocol: use http1 or h2"),
+                        ))
+                    }
+                },
+            },
         };
         match (&raw.cert_file, &raw.key_file) {
             (Some(t), None) => {

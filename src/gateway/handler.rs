@@ -98,7 +98,7 @@ impl GatewayState {
                 forwarder,
                 upgrades: config.proxy.upgrades.clone().into(),
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
-                peer_protocol: HopProtocol::Http1,
+                peer_protocol: config.peers.protocol,
             },
             upstream,
             hops_need_peer_cert: config.peers.require_client_cert,

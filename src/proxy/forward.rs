@@ -86,17 +86,7 @@ pub enum ForwardError {
 /// Default `proxy.idle_timeout`.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// How a hop is spoken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum HopProtocol {
-    /// HTTP/1.1 over pooled connections (the default).
-    #[default]
-    Http1,
-    /// HTTP/2: h2c with prior knowledge to an `http://` address, h2 by ALPN
-    /// to an `https://` one; one multiplexed connection per address carries
-    /// every request. Upgrade requests (WebSocket) still go over HTTP/1.1.
-    Http2,
-}
+pub use crate::protocol::HopProtocol;
 
 type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
 
