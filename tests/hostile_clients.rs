@@ -1531,3 +1531,40 @@ async fn h2_stream_floods_and_rapid_resets_are_cut_and_the_gateway_keeps_serving
     assert_eq!(status_of(&resp), 200, "{resp}");
     assert!(rig.gws[rig.other].child_alive());
 }
+
+/// An HTTP/1.1 request head as HTTP/2 fields: the request line becomes
+/// `:method`/`:path`, `Host` becomes `:authority`, names are lower-cased.
+fn h2_from_head(head: &str) -> H2Headers {
+    let mut lines = head.split("\r\n").filter(|l| !l.is_empty());
+    let line = lines.next().expect("a request line");
+    let mut parts = line.split(' ');
+    let (method, target) = (parts.next().unwrap(), parts.next().unwrap());
+    let mut h = h2_request(&[(":method", method), (":scheme", "http"), (":path", target)]);
+    for l in lines {
+        let (k, v) = l.split_once(':').expect("a header line");
+        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+        if k == "host" {
+            h.insert(2, (":authority".into(), v));
+        } else {
+            h.push((k, v));
+        }
+    }
+    h
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_keys_given_twice_or_readable_two_ways_are_refused() {
+    let rig = Rig::start(Kind::Flask("werkzeug"), "hc_h2_keys").await;
+    let attacks: Vec<_> = key_refusals("order-7")
+        .into_iter()
+        .map(|(_, head)| (Expect::Refused, h2_from_head(&head)))
+        .collect();
+    assert!(attacks.len() >= 15);
+    let failures = run_h2_attacks(&rig, "maintenance", &attacks).await;
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        rig.gateway_logs()
+    );
+}

@@ -140,6 +140,24 @@ async fn h2c_requests_are_gated_forwarded_and_answered_like_http1() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
     assert_eq!(c.executed_with("maintenance/host"), [0, 0, 0]);
 
+    // A partition key read from a header lands on the partition's holder.
+    let keyed = Request::get("http://app.test/device-api/status")
+        .header("x-device-id", "d-17")
+        .body(Body::empty())
+        .unwrap();
+    let (status, headers, _, _) = exchange(&mut h2, keyed).await.unwrap();
+    assert_eq!(
+        (status, headers["x-app"].to_str().unwrap()),
+        (StatusCode::CREATED, "0")
+    );
+    let seen = c.apps[0].executed();
+    let e = seen
+        .iter()
+        .find(|e| e.path == "/device-api/status")
+        .unwrap();
+    let role = e.headers["x-rolegate-role"].to_str().unwrap();
+    assert!(role.starts_with("devices:partition-"), "{role}");
+
     // Paths outside every route go to the local app; trailers come through.
     let (_, headers, body, _) = exchange(&mut h2, get("http://app.test/plain/page"))
         .await
