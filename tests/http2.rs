@@ -417,3 +417,37 @@ async fn peer_hops_over_http2_share_one_connection_and_keep_every_rule() {
         .unwrap();
     assert_eq!(got.into_text().unwrap().as_str(), "ping");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_streams_beyond_one_connections_limit_open_another_hop_connection() {
+    let spec = ClusterSpec::postgres("h2_many").with_extra("peers:\n  protocol: h2\n");
+    let c = Cluster::start(spec).await;
+    // 120 requests that stay open (as SSE or gRPC streams do) through one
+    // non-holder: the holder serves at most 100 streams per connection, so
+    // the 101st must not wait behind them.
+    let mut calls = Vec::new();
+    for i in 0..120 {
+        let url = format!("{}/maintenance/{i}/slow", c.gws[2].url());
+        calls.push(tokio::spawn(async move { cluster::get(&url).await }));
+    }
+    support::wait_for(
+        "120 open streams at the holder's app",
+        Duration::from_secs(20),
+        || c.executed_with("/slow")[0] == 120,
+    )
+    .await;
+    assert_eq!(
+        connections_to(c.gws[0].port),
+        2,
+        "100 streams on one, 20 on another"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
+        c.apps[0].release_slow();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for call in calls {
+        let (status, _, _) = call.await.unwrap().unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+}

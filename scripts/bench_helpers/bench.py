@@ -1096,10 +1096,11 @@ class Bench:
         def ticks(pids):
             return sum(cpu_ticks(x) for x in pids)
 
-        def hop_connections():
-            out = subprocess.run(["ss", "-Htn", "state", "established", "( dport = :%d )" % ports["h"]],
+        def hop_connections(pid):
+            """Connections from process `pid` to the holder's port."""
+            out = subprocess.run(["ss", "-Htnp", "state", "established", "( dport = :%d )" % ports["h"]],
                                  capture_output=True, text=True)
-            return len([l for l in out.stdout.splitlines() if l.strip()])
+            return len([l for l in out.stdout.splitlines() if "pid=%d," % pid in l])
 
         runs = {"%s|%s" % (n, s): [] for n in forwarders for s in sizes}
         for rnd in range(rounds):
@@ -1113,7 +1114,7 @@ class Bench:
                     r = self.wrk("http://127.0.0.1:%d/r/%dk" % (port, n // 1024), secs, conns)
                     c1 = ticks(pids)
                     r["cpu_us_per_req"] = (c1 - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
-                    r["hop_connections"] = hop_connections()
+                    r["hop_connections"] = hop_connections(p.pid)
                     runs["%s|%s" % (name, size)].append(r)
                     log("peer hop round %d %-13s %-6s %9.0f req/s p99 %s cpu %.1f us/req, %d hop conns" % (
                         rnd + 1, name, size, r["rps"], fmt_us(r["p99"]), r["cpu_us_per_req"],

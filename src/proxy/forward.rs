@@ -232,15 +232,13 @@ impl Forwarder {
         req: Request<Body>,
         base: &str,
         protocol: HopProtocol,
-    ) -> Result<Response<hyper::body::Incoming>, H2Failure> {
+    ) -> Result<Response<Body>, H2Failure> {
         match protocol {
-            HopProtocol::Http1 => transport.client.request(req).await.map_err(|e| {
-                if e.is_connect() {
-                    H2Failure::Connect(Box::new(e))
-                } else {
-                    H2Failure::Exchange(Box::new(e))
-                }
-            }),
+            HopProtocol::Http1 => match transport.client.request(req).await {
+                Ok(resp) => Ok(resp.map(Body::new)),
+                Err(e) if e.is_connect() => Err(H2Failure::Connect(Box::new(e))),
+                Err(e) => Err(H2Failure::Exchange(Box::new(e))),
+            },
             HopProtocol::Http2 => transport.h2.send(base, req).await,
         }
     }
@@ -339,7 +337,7 @@ impl Forwarder {
         }
         // The client talks HTTP/1.1 to this gateway, whatever the app spoke.
         *resp.version_mut() = http::Version::HTTP_11;
-        Ok(resp.map(Body::new))
+        Ok(resp)
     }
 }
 

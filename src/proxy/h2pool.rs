@@ -1,9 +1,11 @@
 //! HTTP/2 hops: one multiplexed connection per address, opened on first use
-//! and replaced once it closes. The request's own authority (the client's
+//! and replaced once it closes; another is opened when every open one
+//! carries [`STREAMS_PER_CONNECTION`] streams. The request's own authority (the client's
 //! `Host`) travels as `:authority`, while the connection goes to the
 //! address, so the app sees the same authority over HTTP/2 as over HTTP/1.1.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,6 +23,9 @@ use tower::ServiceExt;
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// A ping unanswered for this long closes the connection.
 const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest DATA frame the other side may send: large bodies cross in a few
+/// frames rather than one per 16 KiB (the protocol's default).
+pub(crate) const MAX_FRAME_SIZE: u32 = 256 * 1024;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -33,12 +38,26 @@ pub(crate) enum H2Failure {
     Exchange(BoxError),
 }
 
+/// Streams one hop connection carries at once before another is opened (the
+/// default `proxy.http2.max_concurrent_streams` of a peer gateway). Long
+/// streams (SSE, gRPC streams) so never queue behind a full connection.
+pub(crate) const STREAMS_PER_CONNECTION: usize = 100;
+
+/// One connection and the streams open on it.
+struct Conn {
+    sender: SendRequest<Body>,
+    streams: Arc<AtomicUsize>,
+}
+
 /// The connections, keyed by base URL.
 #[derive(Clone)]
 pub(crate) struct H2Pool {
     connector: HttpsConnector<HttpConnector>,
     connect_timeout: Duration,
-    open: Arc<Mutex<HashMap<String, SendRequest<Body>>>>,
+    open: Arc<Mutex<HashMap<String, Vec<Conn>>>>,
+    /// One connect at a time per address: requests that find no free
+    /// stream wait for it rather than each opening a connection.
+    connecting: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
 }
 
 impl H2Pool {
@@ -47,6 +66,7 @@ impl H2Pool {
             connector,
             connect_timeout,
             open: Arc::default(),
+            connecting: Arc::default(),
         }
     }
 
@@ -57,7 +77,7 @@ impl H2Pool {
         &self,
         base: &str,
         mut req: Request<Body>,
-    ) -> Result<Response<Incoming>, H2Failure> {
+    ) -> Result<Response<Body>, H2Failure> {
         let authority = req
             .headers_mut()
             .remove(header::HOST)
@@ -70,42 +90,55 @@ impl H2Pool {
             }
         }
         *req.version_mut() = http::Version::HTTP_2;
-        let mut sender = self.sender(base).await?;
-        sender
+        let (mut sender, stream) = self.sender(base).await?;
+        let resp = sender
             .send_request(req)
             .await
-            .map_err(|e| H2Failure::Exchange(Box::new(e)))
+            .map_err(|e| H2Failure::Exchange(Box::new(e)))?;
+        // The stream stays counted until its response body is done or dropped.
+        Ok(resp.map(|body| {
+            Body::new(CountedBody {
+                body,
+                _stream: stream,
+            })
+        }))
     }
 
-    /// The open connection to `base`, or a new one.
-    async fn sender(&self, base: &str) -> Result<SendRequest<Body>, H2Failure> {
-        if let Some(s) = self.lookup(base) {
-            return Ok(s);
+    /// A connection to `base` with a free stream (one is opened if none
+    /// has), and the stream counted on it.
+    async fn sender(&self, base: &str) -> Result<(SendRequest<Body>, OpenStream), H2Failure> {
+        if let Some(found) = self.pick(base) {
+            return Ok(found);
+        }
+        let gate = {
+            let mut c = self.connecting.lock().unwrap_or_else(|p| p.into_inner());
+            c.entry(base.to_string()).or_default().clone()
+        };
+        let _connecting = gate.lock().await;
+        if let Some(found) = self.pick(base) {
+            return Ok(found);
         }
         let fresh = tokio::time::timeout(self.connect_timeout * 2, self.connect(base))
             .await
             .map_err(|_| H2Failure::Connect("connect timed out".into()))??;
+        let streams = Arc::new(AtomicUsize::new(1));
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        // Two requests may have connected at once: keep the first.
-        match open.get(base) {
-            Some(s) if !s.is_closed() => Ok(s.clone()),
-            _ => {
-                open.insert(base.to_string(), fresh.clone());
-                Ok(fresh)
-            }
-        }
+        open.entry(base.to_string()).or_default().push(Conn {
+            sender: fresh.clone(),
+            streams: streams.clone(),
+        });
+        Ok((fresh, OpenStream(streams)))
     }
 
-    fn lookup(&self, base: &str) -> Option<SendRequest<Body>> {
+    fn pick(&self, base: &str) -> Option<(SendRequest<Body>, OpenStream)> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        match open.get(base) {
-            Some(s) if !s.is_closed() => Some(s.clone()),
-            Some(_) => {
-                open.remove(base);
-                None
-            }
-            None => None,
-        }
+        let conns = open.get_mut(base)?;
+        conns.retain(|c| !c.sender.is_closed());
+        let c = conns
+            .iter()
+            .find(|c| c.streams.load(Ordering::Acquire) < STREAMS_PER_CONNECTION)?;
+        c.streams.fetch_add(1, Ordering::AcqRel);
+        Some((c.sender.clone(), OpenStream(c.streams.clone())))
     }
 
     async fn connect(&self, base: &str) -> Result<SendRequest<Body>, H2Failure> {
@@ -121,6 +154,7 @@ impl H2Pool {
             .keep_alive_interval(KEEP_ALIVE_INTERVAL)
             .keep_alive_timeout(KEEP_ALIVE_TIMEOUT)
             .keep_alive_while_idle(true)
+            .max_frame_size(MAX_FRAME_SIZE)
             .handshake(io)
             .await
             .map_err(|e| H2Failure::Connect(Box::new(e)))?;
@@ -131,5 +165,40 @@ impl H2Pool {
             }
         });
         Ok(sender)
+    }
+}
+
+/// One counted stream; dropping it frees the slot.
+struct OpenStream(Arc<AtomicUsize>);
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A response body that keeps its stream counted while it is read.
+struct CountedBody {
+    body: Incoming,
+    _stream: OpenStream,
+}
+
+impl http_body::Body for CountedBody {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
