@@ -2,7 +2,9 @@
 //! `rolegate run` processes on PostgreSQL: h2c with prior knowledge is gated,
 //! forwarded and answered like HTTP/1.1; `Host` and `:authority` may not
 //! disagree; `upstream.protocol: h2c` speaks HTTP/2 to the app; the stream
-//! limit refuses streams beyond it; HTTP/2 can be turned off.
+//! limit caps what reaches the app; a connection with no request is closed
+//! at the header timeout; `peers.protocol: h2` multiplexes hops; HTTP/2 can
+//! be turned off.
 
 mod support;
 
@@ -14,45 +16,7 @@ use http::{HeaderMap, Request, StatusCode, Version};
 use http_body_util::BodyExt;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
-
-struct Cluster {
-    apps: Vec<TestApp>,
-    gws: Vec<GatewayProcess>,
-}
-
-impl Cluster {
-    /// Three apps and gateways; gateway 0 starts first and holds every role.
-    async fn start(spec: ClusterSpec) -> Cluster {
-        let mut apps = Vec::new();
-        for n in 0..3 {
-            apps.push(TestApp::start(n).await);
-        }
-        let mut gws = vec![GatewayProcess::start(0, &spec, &apps[0]).await];
-        support::wait_for_async(
-            "gateway 0 holds maintenance",
-            Duration::from_secs(10),
-            || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
-        )
-        .await;
-        for (n, app) in apps.iter().enumerate().skip(1) {
-            gws.push(GatewayProcess::start(n, &spec, app).await);
-        }
-        assert_eq!(cluster::wait_holder(&gws, "maintenance").await, 0);
-        Cluster { apps, gws }
-    }
-
-    fn executed_with(&self, part: &str) -> Vec<usize> {
-        let part = part.to_ascii_lowercase();
-        (self.apps.iter())
-            .map(|a| {
-                (a.executed_paths().iter())
-                    .filter(|p| p.to_ascii_lowercase().contains(&part))
-                    .count()
-            })
-            .collect()
-    }
-}
+use support::cluster::{self, Cluster, ClusterSpec, GatewayProcess, TestApp};
 
 /// An h2c (prior knowledge) connection to `port`.
 async fn h2c(port: u16) -> Result<SendRequest<Body>, String> {
@@ -342,7 +306,9 @@ fn connections_to(port: u16) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peer_hops_over_http2_share_one_connection_and_keep_every_rule() {
+    // One worker: each worker keeps connections of its own.
     let spec = ClusterSpec::postgres("h2_peers")
+        .with_workers(1)
         .with_extra("peers:\n  protocol: h2\n")
         .with_proxy("  cluster_secret: an-h2-hop-secret-of-32-bytes!!!!\n");
     let c = Cluster::start(spec).await;
@@ -420,7 +386,9 @@ async fn peer_hops_over_http2_share_one_connection_and_keep_every_rule() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_streams_beyond_one_connections_limit_open_another_hop_connection() {
-    let spec = ClusterSpec::postgres("h2_many").with_extra("peers:\n  protocol: h2\n");
+    let spec = ClusterSpec::postgres("h2_many")
+        .with_workers(1)
+        .with_extra("peers:\n  protocol: h2\n");
     let c = Cluster::start(spec).await;
     // 120 requests that stay open (as SSE or gRPC streams do) through one
     // non-holder: the holder serves at most 100 streams per connection, so

@@ -288,7 +288,23 @@ async fn unhealthy_upstream_hands_roles_to_a_healthy_instance_and_contends_again
         .all(|r| r["held_here"] == false));
     let m = metrics(&gws[0]).await;
     assert_eq!(m.get("rolegate_candidate").copied(), Some(0.0));
-    // Requests still work: forwarded to the healthy holder.
+    // Requests still work: forwarded to the healthy holder, once g0's view
+    // (refreshed every renew interval) names it.
+    support::wait_for_async(
+        "g0 sees g1 holding maintenance",
+        Duration::from_secs(5),
+        || async {
+            gws[0].leases().await["roles"]
+                .as_array()
+                .is_some_and(|roles| {
+                    roles.iter().any(|r| {
+                        r["role"] == "maintenance"
+                            && r["holder"].as_str().is_some_and(|h| h.starts_with("gw1"))
+                    })
+                })
+        },
+    )
+    .await;
     let (status, headers, _) = cluster::get(&format!("{}/maintenance/while-sick", gws[0].url()))
         .await
         .unwrap();

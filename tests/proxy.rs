@@ -10,48 +10,9 @@ use bytes::Bytes;
 use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use support::cluster::{self, raw_exchange, status_of, ClusterSpec, GatewayProcess, TestApp};
-
-struct Cluster {
-    apps: Vec<TestApp>,
-    gws: Vec<GatewayProcess>,
-}
-
-impl Cluster {
-    /// Three apps and three gateways; gateway 0 starts first and so holds every role.
-    async fn start(spec: ClusterSpec) -> Cluster {
-        let mut apps = Vec::new();
-        for n in 0..3 {
-            apps.push(TestApp::start(n).await);
-        }
-        let mut gws = Vec::new();
-        gws.push(GatewayProcess::start(0, &spec, &apps[0]).await);
-        support::wait_for_async(
-            "gateway 0 holds maintenance",
-            Duration::from_secs(10),
-            || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
-        )
-        .await;
-        for (n, app) in apps.iter().enumerate().skip(1) {
-            gws.push(GatewayProcess::start(n, &spec, app).await);
-        }
-        let holder = cluster::wait_holder(&gws, "maintenance").await;
-        assert_eq!(holder, 0);
-        Cluster { apps, gws }
-    }
-
-    fn total_executed(&self, path_part: &str) -> Vec<usize> {
-        self.apps
-            .iter()
-            .map(|a| {
-                a.executed_paths()
-                    .iter()
-                    .filter(|p| p.contains(path_part))
-                    .count()
-            })
-            .collect()
-    }
-}
+use support::cluster::{
+    self, raw_exchange, status_of, Cluster, ClusterSpec, GatewayProcess, TestApp,
+};
 
 fn problem(body: &Bytes) -> serde_json::Value {
     serde_json::from_slice(body)

@@ -8,7 +8,7 @@ use super::{fail, load_config, EXIT_CONFIG, EXIT_RUNTIME};
 use crate::store::LeaseRecord;
 
 /// `rolegate run`: runs until SIGTERM/SIGINT, then drains and releases.
-pub(super) async fn run(path: &Path, events: Option<&Path>) -> ExitCode {
+pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usize>) -> ExitCode {
     let config = match load_config(path) {
         Ok(c) => c,
         Err(code) => return code,
@@ -27,7 +27,10 @@ pub(super) async fn run(path: &Path, events: Option<&Path>) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    match crate::gateway::run(config, events).await {
+    let workers = workers.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    match crate::gateway::run(config, events, workers).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => fail(&e),
     }

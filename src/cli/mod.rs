@@ -40,6 +40,10 @@ pub(crate) enum Command {
         /// (CLOCK_MONOTONIC nanoseconds) to FILE, for fault-injection checks.
         #[arg(long, value_name = "FILE")]
         events: Option<PathBuf>,
+        /// Request-serving threads, each with its own listener (SO_REUSEPORT)
+        /// and its own upstream connections [default: the number of cores].
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
+        workers: Option<u16>,
     },
     /// Validate the config (exit 2 when refused).
     CheckConfig {
@@ -143,7 +147,10 @@ pub(crate) fn fail(error: &dyn std::error::Error) -> ExitCode {
 pub fn main() -> ExitCode {
     let args = Cli::parse();
     init_logging(args.log_format);
+    // A small main runtime: the coordinator, the admin listener and the
+    // health probe. `run` serves requests on worker threads of their own.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
         .enable_all()
         .build()
     {
@@ -158,8 +165,14 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(args: Cli) -> ExitCode {
     let config = args.config.as_path();
-    match args.command.unwrap_or(Command::Run { events: None }) {
-        Command::Run { events } => commands::run(config, events.as_deref()).await,
+    let default = Command::Run {
+        events: None,
+        workers: None,
+    };
+    match args.command.unwrap_or(default) {
+        Command::Run { events, workers } => {
+            commands::run(config, events.as_deref(), workers.map(usize::from)).await
+        }
         Command::CheckConfig { print } => commands::check_config(config, print),
         Command::Migrate => commands::migrate(config).await,
         Command::Status { json } => commands::status(config, json).await,

@@ -7,6 +7,7 @@ mod handler;
 mod health;
 mod server;
 mod tls;
+mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,7 +24,8 @@ use crate::proxy::{ForwardError, Forwarder};
 use crate::store::{LeaseStore, StoreError};
 use crate::telemetry;
 use handler::GatewayState;
-use server::{bind_listener, serve, ConnectionTracker, ServeLimits};
+use server::{ConnectionTracker, ServeLimits};
+use workers::Workers;
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +41,7 @@ pub(crate) enum GatewayError {
     Listen {
         /// The address.
         addr: SocketAddr,
-        /// `""` or `" (admin)"`.
+        /// `""`, `" (admin)"` or `" (worker)"`.
         which: &'static str,
         /// The socket error.
         #[source]
@@ -59,60 +61,60 @@ pub(crate) enum GatewayError {
     Tls(#[from] crate::tls::TlsError),
 }
 
+/// The public listeners (one per worker), the bound public address, and the
+/// admin listener.
+async fn bind_all(
+    config: &Config,
+    workers: usize,
+) -> Result<(Vec<std::net::TcpListener>, SocketAddr, TcpListener), GatewayError> {
+    let listen_error = |addr, which| {
+        move |source| GatewayError::Listen {
+            addr,
+            which,
+            source,
+        }
+    };
+    let (listeners, bound) =
+        workers::bind(config.listen, workers).map_err(listen_error(config.listen, ""))?;
+    let admin = TcpListener::bind(config.admin_listen)
+        .await
+        .map_err(listen_error(config.admin_listen, " (admin)"))?;
+    Ok((listeners, bound, admin))
+}
+
 /// Runs the gateway until SIGTERM/SIGINT, then drains and releases.
-pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result<(), GatewayError> {
+pub(crate) async fn run(
+    config: Config,
+    events: Option<Arc<EventLog>>,
+    workers: usize,
+) -> Result<(), GatewayError> {
+    let workers = workers.max(1);
     let limits = ServeLimits {
-        max_connections: connection_limit(&config),
+        // Each worker takes its share of the cap.
+        max_connections: connection_limit(&config).div_ceil(workers),
         idle_timeout: config.proxy.idle_timeout,
         http2: config.proxy.http2,
     };
     // Metrics first, so every handle created below reports to the recorder.
     let metrics = install_metrics();
-    let listener = bind_listener(config.listen).map_err(|source| GatewayError::Listen {
-        addr: config.listen,
-        which: "",
-        source,
-    })?;
-    let admin = TcpListener::bind(config.admin_listen)
-        .await
-        .map_err(|source| GatewayError::Listen {
-            addr: config.admin_listen,
-            which: " (admin)",
-            source,
-        })?;
-    let bound = listener
-        .local_addr()
-        .map_err(|source| GatewayError::Listen {
-            addr: config.listen,
-            which: "",
-            source,
-        })?;
+    let (listeners, bound, admin) = bind_all(&config, workers).await?;
     // Before anything contends: bad TLS files are refused at start.
     let tls = config
         .tls
         .as_ref()
         .map(|t| tls::ListenerTls::start(t, &config.peers, config.proxy.http2.enabled));
     let tls = tls.transpose()?.map(Arc::new);
-    let forwarder = forwarder(&config)?;
     let advertise = crate::identity::advertise_address(
         config.instance.advertise.as_deref(),
         bound,
         config.tls.is_some(),
     );
-    let store = open_store(&config).await?;
-    let mut builder = config.coordinator(store).advertise(advertise.clone());
-    if let Some(log) = &events {
-        let log = log.clone();
-        builder = builder.on_lease_event(move |e| log.lease(&e));
-    }
-    let coordinator = builder.start()?;
-    if let Some(log) = &events {
-        log.started(coordinator.instance_id());
-    }
-    let state = Arc::new(GatewayState::new(&config, &coordinator, forwarder, events)?);
+    let coordinator = start_coordinator(&config, advertise.clone(), &events).await?;
+    let states = worker_states(&config, &coordinator, &events, workers)?;
     tracing::info!(
         instance = coordinator.instance_id(),
         listen = %bound,
+        workers,
         tls = config.tls.is_some(),
         admin = %config.admin_listen,
         advertise = %advertise,
@@ -130,14 +132,56 @@ pub(crate) async fn run(config: Config, events: Option<Arc<EventLog>>) -> Result
         metrics,
         admin_shutdown,
     ));
-    let server = tokio::spawn(serve(listener, state, tracker.clone(), limits, tls));
+    let workers = Workers::start(listeners, states, &tracker, limits, tls).map_err(|source| {
+        GatewayError::Listen {
+            addr: bound,
+            which: " (worker)",
+            source,
+        }
+    })?;
 
     crate::shutdown::signal().await;
-    drain(&config, &coordinator, &tracker, server).await;
+    drain(&config, &coordinator, &tracker, workers).await;
     admin_stop.fire();
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
     Ok(())
+}
+
+/// Opens the store and starts the coordinator, logging lease events to `events`.
+async fn start_coordinator(
+    config: &Config,
+    advertise: String,
+    events: &Option<Arc<EventLog>>,
+) -> Result<Coordinator, GatewayError> {
+    let store = open_store(config).await?;
+    let mut builder = config.coordinator(store).advertise(advertise);
+    if let Some(log) = events {
+        let log = log.clone();
+        builder = builder.on_lease_event(move |e| log.lease(&e));
+    }
+    let coordinator = builder.start()?;
+    if let Some(log) = events {
+        log.started(coordinator.instance_id());
+    }
+    Ok(coordinator)
+}
+
+/// One state per worker: each has its own forwarder, so its upstream and
+/// peer connections belong to that worker's thread.
+fn worker_states(
+    config: &Config,
+    coordinator: &Coordinator,
+    events: &Option<Arc<EventLog>>,
+    workers: usize,
+) -> Result<Vec<Arc<GatewayState>>, GatewayError> {
+    (0..workers)
+        .map(|_| {
+            let f = forwarder(config)?;
+            let state = GatewayState::new(config, coordinator, f, events.clone())?;
+            Ok(Arc::new(state))
+        })
+        .collect()
 }
 
 /// The client for the app and for hops to peers (`peers`: CA, client certificate).
@@ -248,7 +292,7 @@ async fn drain(
     config: &Config,
     coordinator: &Coordinator,
     tracker: &ConnectionTracker,
-    server: tokio::task::JoinHandle<()>,
+    mut workers: Workers,
 ) {
     tracing::info!(drain_timeout = ?config.shutdown.drain_timeout, "stopping: no new local work, draining in-flight requests");
     tokio::spawn(async {
@@ -258,12 +302,13 @@ async fn drain(
     });
     coordinator.begin_drain();
     tracker.begin_shutdown();
-    let _ = server.await;
+    workers.stopped_accepting().await;
     if !tracker.wait_idle(config.shutdown.drain_timeout).await {
         tracing::warn!(
             open = tracker.open(),
             "drain timeout reached; closing remaining connections"
         );
     }
+    workers.end().await;
     coordinator.shutdown().await;
 }

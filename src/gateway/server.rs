@@ -3,7 +3,6 @@
 //! connections so a stop can drain them.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -248,18 +247,4 @@ fn connection_builder(http2: Http2Config) -> auto::Builder<TokioExecutor> {
         .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESETS)
         .max_frame_size(crate::proxy::h2pool::MAX_FRAME_SIZE);
     builder
-}
-
-/// Binds the public listener with a deep accept backlog, so a burst of new
-/// connections is queued rather than dropped (a dropped SYN costs the client
-/// a 1 s retransmit, as long as a default connect timeout).
-pub(crate) fn bind_listener(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(4096)
 }

@@ -366,6 +366,8 @@ pub struct ClusterSpec {
     /// Spread the `devices` partition over the gateways. Off by default, so
     /// a test that picks a key by its holder sees that holder stay put.
     pub balance: bool,
+    /// `rolegate run --workers N` (default: one per core).
+    pub workers: Option<u16>,
 }
 
 impl ClusterSpec {
@@ -385,6 +387,7 @@ impl ClusterSpec {
             wait_ready: true,
             ulimit: None,
             balance: false,
+            workers: None,
         }
     }
 
@@ -410,6 +413,7 @@ impl ClusterSpec {
             wait_ready: true,
             ulimit: None,
             balance: false,
+            workers: None,
         }
     }
 
@@ -426,6 +430,11 @@ impl ClusterSpec {
 
     pub fn with_proxy(mut self, yaml: &str) -> Self {
         self.proxy_yaml.push_str(yaml);
+        self
+    }
+
+    pub fn with_workers(mut self, n: u16) -> Self {
+        self.workers = Some(n);
         self
     }
 
@@ -537,6 +546,9 @@ impl GatewayProcess {
             None => {
                 let mut c = Command::new(bin());
                 c.args(["run", "--config"]).arg(&path);
+                if let Some(n) = spec.workers {
+                    c.args(["--workers", &n.to_string()]);
+                }
                 c
             }
             Some(limits) => {
@@ -757,4 +769,55 @@ pub fn status_of(resp: &str) -> u16 {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+/// Three apps and three gateways; gateway 0 starts first and so holds every role.
+pub struct Cluster {
+    pub apps: Vec<TestApp>,
+    pub gws: Vec<GatewayProcess>,
+}
+
+impl Cluster {
+    pub async fn start(spec: ClusterSpec) -> Cluster {
+        let mut apps = Vec::new();
+        for n in 0..3 {
+            apps.push(TestApp::start(n).await);
+        }
+        let mut gws = vec![GatewayProcess::start(0, &spec, &apps[0]).await];
+        super::wait_for_async(
+            "gateway 0 holds maintenance",
+            std::time::Duration::from_secs(10),
+            || async { gws[0].held().await.get("maintenance").is_some_and(|h| h.0) },
+        )
+        .await;
+        for (n, app) in apps.iter().enumerate().skip(1) {
+            gws.push(GatewayProcess::start(n, &spec, app).await);
+        }
+        assert_eq!(wait_holder(&gws, "maintenance").await, 0);
+        Cluster { apps, gws }
+    }
+
+    /// Per app, how many executed paths contain `part`.
+    pub fn total_executed(&self, part: &str) -> Vec<usize> {
+        (self.apps.iter())
+            .map(|a| {
+                a.executed_paths()
+                    .iter()
+                    .filter(|p| p.contains(part))
+                    .count()
+            })
+            .collect()
+    }
+
+    /// Like [`Cluster::total_executed`], ignoring ASCII case.
+    pub fn executed_with(&self, part: &str) -> Vec<usize> {
+        let part = part.to_ascii_lowercase();
+        (self.apps.iter())
+            .map(|a| {
+                (a.executed_paths().iter())
+                    .filter(|p| p.to_ascii_lowercase().contains(&part))
+                    .count()
+            })
+            .collect()
+    }
 }
