@@ -401,12 +401,13 @@ class Bench:
             f.write(text)
         return path
 
-    def start_rolegate(self, name, conf_text, env=None, cpu=None):
+    def start_rolegate(self, name, conf_text, env=None, cpu=None, args=()):
         path = self.write(name + ".yaml", conf_text)
         e = dict(self.rg_env)
         if env:
             e.update(env)
-        p = self.procs.spawn(name, [self.bin, "run", "--config", path], cpu=cpu or self.cpu_srv, env=e)
+        p = self.procs.spawn(name, [self.bin, "run", "--config", path] + list(args), cpu=cpu or self.cpu_srv,
+                             env=e)
         return p
 
     def wait_ready(self, p, name, admin, timeout=20):
@@ -428,11 +429,11 @@ class Bench:
         except (OSError, http.client.HTTPException, ValueError, RuntimeError):
             return -1
 
-    def start_nginx(self, name, conf):
+    def start_nginx(self, name, conf, cpu=None):
         for sub in ("body", "proxy", "fastcgi", "uwsgi", "scgi"):
             os.makedirs(os.path.join(self.workdir, "tmp-" + name, sub), exist_ok=True)
         path = self.write(name + ".conf", conf)
-        return self.procs.spawn(name, ["nginx", "-c", path, "-p", self.workdir + "/"], cpu=self.cpu_srv)
+        return self.procs.spawn(name, ["nginx", "-c", path, "-p", self.workdir + "/"], cpu=cpu or self.cpu_srv)
 
     def wait_port(self, port, name, p=None, timeout=10):
         def ok():
@@ -542,11 +543,11 @@ class Bench:
 
     # -- section 1: request path ------------------------------------------------
 
-    def wrk(self, url, seconds, conns):
+    def wrk(self, url, seconds, conns, cpu=None):
         lua = os.path.join(self.workdir, "report.lua")
         if not os.path.exists(lua):
             self.write("report.lua", WRK_LUA)
-        out = subprocess.run(["taskset", "-c", self.cpu_gen, "wrk", "-t1", "-c%d" % conns, "-d%ds" % seconds,
+        out = subprocess.run(["taskset", "-c", cpu or self.cpu_gen, "wrk", "-t1", "-c%d" % conns, "-d%ds" % seconds,
                               "--timeout", "5s", "-s", lua, url], capture_output=True, text=True,
                              timeout=seconds + 30)
         m = re.search(r"WRKJSON (\{.*\})", out.stdout)
@@ -1128,6 +1129,109 @@ class Bench:
             "rounds": rounds, "seconds": secs, "connections": conns, "sizes": list(sizes),
             "contenders": list(forwarders), "runs": runs}
 
+    def section_multicore(self):
+        """Two request threads against two nginx workers: every process may
+        run on every core (the load generator too, on a 2-core machine)."""
+        q = self.quick
+        rounds = self.a.rounds or (2 if q else 3)
+        secs = 1 if q else 3
+        d = self.workdir
+        ncpu = os.cpu_count() or 1
+        cpus = "0-%d" % (ncpu - 1)
+        www = os.path.join(d, "www", "r")
+        os.makedirs(www, exist_ok=True)
+        with open(os.path.join(www, "1k"), "wb") as f:
+            f.write((b"0123456789abcdef" * 64)[:1024])
+        two = lambda conf: conf.replace("worker_processes 1;", "worker_processes 2;")  # noqa: E731
+        up = free_port()
+        p_up = self.start_nginx("mc-upstream", two(nginx_upstream_conf(d, "mc-upstream", up)), cpu=cpus)
+        self.wait_port(up, "mc-upstream", p_up)
+        ports = {k: free_port() for k in ("w1", "w1a", "w2", "w2a", "ng")}
+        db = "sqlite://%s/mc-leases.db" % d
+        upstream = "http://127.0.0.1:%d" % up
+        contenders = []
+        for key, workers in (("w1", 1), ("w2", 2)):
+            name = "rolegate holder, %d worker%s" % (workers, "s" if workers > 1 else "")
+            p = self.start_rolegate("mc-" + key, rolegate_conf("mc-" + key, ports[key], ports[key + "a"], upstream,
+                                                               "sqlite", db, roles=("bench-%s" % key,)),
+                                    cpu=cpus, args=("--workers", str(workers)))
+            self.wait_ready(p, "mc-" + key, ports[key + "a"])
+            wait_until(name + " holds its role", lambda k=key: self.held_count(ports[k + "a"]) == 1, 20)
+            contenders.append((name, ports[key], [p.pid]))
+        p_ng = self.start_nginx("mc-nginx", two(nginx_proxy_conf(d, "mc-nginx", ports["ng"], up)), cpu=cpus)
+        self.wait_port(ports["ng"], "mc-nginx", p_ng)
+        contenders.append(("nginx 1 hop, 2 workers", ports["ng"], [p_ng.pid] + children_of(p_ng.pid)))
+        runs = {c[0]: [] for c in contenders}
+        for rnd in range(rounds):
+            order = contenders if rnd % 2 == 0 else contenders[::-1]
+            for name, port, pids in order:
+                url = "http://127.0.0.1:%d/r/1k" % port
+                c0 = sum(cpu_ticks(x) for x in pids)
+                r = self.wrk(url, secs, 64, cpu=cpus)
+                c1 = sum(cpu_ticks(x) for x in pids)
+                r["cpu_us_per_req"] = (c1 - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
+                runs[name].append(r)
+                log("multicore round %d %-28s %9.0f req/s cpu %.1f us/req" % (
+                    rnd + 1, name, r["rps"], r["cpu_us_per_req"]))
+        self.procs.stop_all()
+        self.results["sections"]["multicore"] = {"rounds": rounds, "seconds": secs, "cpus": ncpu,
+                                                 "contenders": [c[0] for c in contenders], "runs": runs}
+
+    def section_profile(self):
+        """perf samples of the holder under load (flame graph, top functions),
+        and system calls per request of each 1-hop contender."""
+        import perf_profile as prof_mod
+        q = self.quick
+        secs = 3 if q else 8
+        d = self.workdir
+        www = os.path.join(d, "www", "r")
+        os.makedirs(www, exist_ok=True)
+        with open(os.path.join(www, "1k"), "wb") as f:
+            f.write((b"0123456789abcdef" * 64)[:1024])
+        up = free_port()
+        p_up = self.start_nginx("upstream-prof", nginx_upstream_conf(d, "upstream-prof", up))
+        self.wait_port(up, "upstream-prof", p_up)
+        ports = {k: free_port() for k in ("h", "ha", "ng1", "ha1")}
+        p_h = self.start_rolegate("prof-holder", rolegate_conf(
+            "holder", ports["h"], ports["ha"], "http://127.0.0.1:%d" % up, "sqlite",
+            "sqlite://%s/prof-leases.db" % d))
+        self.wait_ready(p_h, "prof-holder", ports["ha"])
+        wait_until("holder holds `bench`", lambda: self.held_count(ports["ha"]) == 1, 20)
+        p_ng = self.start_nginx("prof-nginx", nginx_proxy_conf(d, "prof-nginx", ports["ng1"], up))
+        hcfg = self.write("prof-haproxy.cfg", haproxy_conf(d, ports["ha1"], up))
+        p_ha = self.procs.spawn("prof-haproxy", ["haproxy", "-db", "-f", hcfg], cpu=self.cpu_srv)
+        for port, name, p in ((ports["ng1"], "prof-nginx", p_ng), (ports["ha1"], "prof-haproxy", p_ha)):
+            self.wait_port(port, name, p)
+        url = "http://127.0.0.1:%d/r/1k" % ports["h"]
+        self.wrk(url, 1, 64)
+        data = os.path.join(d, "perf.data")
+        rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "499",
+                                "--call-graph", "dwarf,16384", "-p", str(p_h.pid), "-o", data,
+                                "--", "sleep", str(secs)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.3)
+        self.wrk(url, secs, 64)
+        _, err = rec.communicate(timeout=secs + 60)
+        if rec.returncode != 0:
+            raise RuntimeError("perf record failed: " + err.decode(errors="replace")[-400:])
+        folded = prof_mod.collapse(data)
+        prof_mod.flamegraph(folded, prof_mod.SVG_FILE)
+        top, areas, samples = prof_mod.tops(folded)
+        strace_s = 2
+        sys_counts = {}
+        for name, port, pids in (("rolegate holder", ports["h"], [p_h.pid]),
+                                 ("nginx 1 hop", ports["ng1"], [p_ng.pid] + children_of(p_ng.pid)),
+                                 ("HAProxy 1 hop", ports["ha1"], [p_ha.pid])):
+            u = "http://127.0.0.1:%d/r/1k" % port
+            calls, r = prof_mod.syscalls(pids, lambda u=u: self.wrk(u, strace_s, 8))
+            sys_counts[name] = {"requests": r["requests"], "calls": calls}
+            log("syscalls %-16s %d requests, %.2f per request" % (
+                name, r["requests"], sum(calls.values()) / max(1, r["requests"])))
+        for p in (p_ha, p_ng, p_h, p_up):
+            self.procs.stop(p)
+        self.results["sections"]["profile"] = {
+            "seconds": secs, "samples": samples, "top": top, "areas": areas,
+            "strace_seconds": strace_s, "syscalls": sys_counts}
+
     def cargo_bench(self, bench, section):
         """Runs `benches/<bench>.rs` against a throwaway PostgreSQL and keeps its JSON."""
         pg = self.start_pg()
@@ -1155,7 +1259,8 @@ class Bench:
         sections = [("request_path", self.section_request_path), ("sse", self.section_sse),
                     ("handover", self.section_handover), ("store", self.section_store),
                     ("footprint", self.section_footprint), ("work", self.section_work),
-                    ("balance", self.section_balance), ("peer_hop", self.section_peer_hop)]
+                    ("balance", self.section_balance), ("peer_hop", self.section_peer_hop),
+                    ("profile", self.section_profile), ("multicore", self.section_multicore)]
         only = set(self.a.only.split(",")) if self.a.only else None
         for name, fn in sections:
             if only and name not in only:
@@ -1236,7 +1341,7 @@ def main():
     ap.add_argument("--openloop", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance,peer_hop")
+    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance,peer_hop,profile,multicore")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--rate", type=float, default=None, help="fixed rate for section 1 (default: 40%% of the slowest)")
     ap.add_argument("--streams", type=int, default=None)
@@ -1293,7 +1398,17 @@ def main():
         with open(report.PEER_HOP_FILE, "w") as f:
             f.write(report.render_peer_hop(b.results["sections"]["peer_hop"], args))
         log("wrote %s" % report.PEER_HOP_FILE)
-    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop"}:
+    if "profile" in b.results["sections"] and "error" not in b.results["sections"]["profile"]:
+        import perf_profile as prof_mod
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        with open(prof_mod.PROFILE_FILE, "w") as f:
+            f.write(prof_mod.render(b.results["sections"]["profile"], now, args.command))
+        log("wrote %s and %s" % (prof_mod.PROFILE_FILE, prof_mod.SVG_FILE))
+    if "multicore" in b.results["sections"] and "error" not in b.results["sections"]["multicore"]:
+        with open(report.MULTICORE_FILE, "w") as f:
+            f.write(report.render_multicore(b.results["sections"]["multicore"], args))
+        log("wrote %s" % report.MULTICORE_FILE)
+    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop", "profile", "multicore"}:
         log("--only %s: %s left as it is" % (args.only, args.out))
     else:
         text = report.render(b.results, args)
