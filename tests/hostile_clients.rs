@@ -650,6 +650,19 @@ fn path_attacks() -> Vec<(Expect, String)> {
             format!("GET /plain HTTP/1.1\r\n{h}Host: other.test\r\n"),
         ),
         (Gateway(400), "GET /maintenance/x HTTP/1.1\r\n".into()),
+        // A Host that is no authority (an HTTP/2 hop could not carry it as sent).
+        (
+            Gateway(400),
+            "GET /maintenance/x HTTP/1.1\r\nHost: u@gw.test\r\n".into(),
+        ),
+        (
+            Gateway(400),
+            "GET /maintenance/x HTTP/1.1\r\nHost: gw.test/x\r\n".into(),
+        ),
+        (
+            Gateway(400),
+            "GET /plain HTTP/1.1\r\nHost: gw test\r\n".into(),
+        ),
         // Not gated in any reading, and no app routes them to /maintenance.
         (LocalUngated, get("/%256daintenance/x")), // decoded once, never twice
         (LocalUngated, get("/maintenancex")),

@@ -122,6 +122,18 @@ async fn h2c_requests_are_gated_forwarded_and_answered_like_http1() {
     let role = e.headers["x-rolegate-role"].to_str().unwrap();
     assert!(role.starts_with("devices:partition-"), "{role}");
 
+    // Cookie fields split by HTTP/2 reach an HTTP/1.1 app as one field.
+    let cookies = Request::get("http://app.test/plain/cookies")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .body(Body::empty())
+        .unwrap();
+    exchange(&mut h2, cookies).await.unwrap();
+    let seen = c.apps[2].executed();
+    let e = seen.iter().find(|e| e.path == "/plain/cookies").unwrap();
+    let all: Vec<_> = e.headers.get_all("cookie").iter().collect();
+    assert_eq!(all, ["a=1; b=2"]);
+
     // Paths outside every route go to the local app; trailers come through.
     let (_, headers, body, _) = exchange(&mut h2, get("http://app.test/plain/page"))
         .await
@@ -418,4 +430,54 @@ async fn long_streams_beyond_one_connections_limit_open_another_hop_connection()
         let (status, _, _) = call.await.unwrap().unwrap();
         assert_eq!(status, StatusCode::OK);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_in_flight_over_http2_count_against_max_connections() {
+    // One worker with 4 connections' worth of descriptors: one HTTP/2
+    // connection may not open more than 4 exchanges upstream at once.
+    let app = TestApp::start(0).await;
+    let spec = ClusterSpec::postgres("h2_budget")
+        .with_workers(1)
+        .with_proxy("  max_connections: 4\n");
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    let mut h2 = h2c(gw.port).await.expect("h2c handshake");
+    let _ = exchange(&mut h2, get("http://app.test/plain/first"))
+        .await
+        .unwrap();
+    let mut calls = Vec::new();
+    for i in 0..10 {
+        let mut s = h2.clone();
+        calls.push(tokio::spawn(async move {
+            exchange(
+                &mut s,
+                get(&format!("http://app.test/maintenance/{i}/slow")),
+            )
+            .await
+        }));
+    }
+    let slow = || {
+        app.executed_paths()
+            .iter()
+            .filter(|p| p.ends_with("/slow"))
+            .count()
+    };
+    support::wait_for(
+        "4 slow requests at the app",
+        Duration::from_secs(10),
+        || slow() == 4,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(slow(), 4, "no more exchanges than max_connections allows");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
+        app.release_slow();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for call in calls {
+        let (status, _, _, _) = call.await.unwrap().expect("served once a slot is free");
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(slow(), 10);
 }

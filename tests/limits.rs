@@ -222,7 +222,11 @@ async fn readyz_turns_503_no_later_than_the_roles_fail_closed_when_the_store_fre
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_listener_answers_while_the_public_listener_is_full() {
-    let spec = ClusterSpec::postgres("lim_cap").with_proxy("  max_connections: 4\n");
+    // One worker: the cap is split over workers, and the kernel picks the
+    // worker of each connection.
+    let spec = ClusterSpec::postgres("lim_cap")
+        .with_workers(1)
+        .with_proxy("  max_connections: 4\n");
     let app = TestApp::start(0).await;
     let gw = GatewayProcess::start(0, &spec, &app).await;
     let mut idle = Vec::new();

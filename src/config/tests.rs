@@ -423,6 +423,8 @@ fn a_client_certificate_without_its_key_is_refused() {
 fn unsafe_or_unknown_store_tls_urls_are_refused() {
     let cases = [
         ("redis", "rediss://cache:6380/#insecure", "#insecure"),
+        // The url parser reads schemes and fragments in any case.
+        ("redis", "Rediss://cache:6380/#INSECURE", "#insecure"),
         (
             "etcd",
             "https://10.0.0.1:2379,http://10.0.0.2:2379",

@@ -67,6 +67,12 @@ fn an_https_advertise_address_needs_tls() {
     ))
     .unwrap();
     parse("instance:\n  advertise: http://gw.example:8080\n").unwrap();
+    // The listener serves only TLS: a plain advertise address cannot work.
+    let e = refused(&format!(
+        "{TLS}instance:\n  advertise: http://gw.example:8080\n"
+    ));
+    assert_eq!(e.key, "instance.advertise");
+    assert!(e.message.contains("advertise https://"), "{e}");
 }
 
 #[test]

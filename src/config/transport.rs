@@ -114,6 +114,13 @@ impl Resolver<'_> {
                 "is https:// but the listener serves plain HTTP: set `tls` (cert_file, key_file), or advertise http://",
             ));
         }
+        if advertise.is_some() && !https && tls.is_some() {
+            return Err(self.err(
+                raw.advertise.as_ref().map(|t| &t.referenced),
+                "instance.advertise",
+                "is http:// but the listener serves only TLS: advertise https://",
+            ));
+        }
         Ok(())
     }
 }

@@ -252,6 +252,9 @@ fn authority_to_host(req: &mut Request<Body>) -> Option<Problem> {
     if req.version() != http::Version::HTTP_2 {
         return None;
     }
+    // HTTP/2 may split Cookie into several fields; an HTTP/1.1 app expects
+    // one (RFC 9113 8.2.3), joined with "; ".
+    join_cookies(req.headers_mut());
     // An HTTP/2 client always takes trailers (gRPC needs them), so the next
     // hop may send them even when it speaks HTTP/1.1.
     req.headers_mut()
@@ -280,6 +283,20 @@ fn authority_to_host(req: &mut Request<Body>) -> Option<Problem> {
         )),
         // Two Host fields: refuse_request answers.
         (Some(_), Some(_)) => None,
+    }
+}
+
+/// Joins several `Cookie` fields into one, separated by `"; "`.
+fn join_cookies(headers: &mut http::HeaderMap) {
+    let mut all = headers.get_all(http::header::COOKIE).iter();
+    let (Some(_), Some(_)) = (all.next(), all.next()) else {
+        return;
+    };
+    let joined: Vec<&[u8]> = (headers.get_all(http::header::COOKIE).iter())
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(v) = http::HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(http::header::COOKIE, v);
     }
 }
 
@@ -322,6 +339,18 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
             return Some(Problem::new(
                 Reason::BadRequest,
                 "an HTTP/1.1 request needs a non-empty Host field",
+            ))
+        }
+        // A Host that is no authority would reach the app as sent over an
+        // HTTP/1.1 hop but be replaced over an HTTP/2 one: refused either way.
+        (Some(h), None)
+            if !h.is_empty()
+                && (h.as_bytes().contains(&b'@')
+                    || http::uri::Authority::try_from(h.as_bytes()).is_err()) =>
+        {
+            return Some(Problem::new(
+                Reason::BadRequest,
+                "Host is not a host[:port] authority",
             ))
         }
         _ => {}

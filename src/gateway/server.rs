@@ -3,6 +3,7 @@
 //! connections so a stop can drain them.
 
 use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::handler::{ConnectionFacts, GatewayState};
 use super::tls::ListenerTls;
@@ -103,6 +104,11 @@ pub(crate) async fn serve(
 ) {
     let mut stop = tracker.stop.subscribe();
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    // Requests in flight, over every connection: an HTTP/2 connection carries
+    // many, each with its own connection upstream, so the descriptor budget
+    // behind `max_connections` (one client and one upstream descriptor each)
+    // needs them counted apart from connections.
+    let exchanges = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
     loop {
         let next = next_connection(&listener, &slots, &mut accept_errors, &mut stop);
@@ -112,6 +118,7 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();
         let (state, tls, mut conn_stop) = (state.clone(), tls.clone(), stop.clone());
+        let exchanges = exchanges.clone();
         tokio::spawn(async move {
             let _slot = slot;
             let _open = open;
@@ -119,12 +126,14 @@ pub(crate) async fn serve(
             match tls {
                 None => {
                     let facts = ConnectionFacts::plain(client);
-                    serve_connection(stream, facts, state, limits, conn_stop).await
+                    let serving = (state, exchanges, limits);
+                    serve_connection(stream, facts, serving, conn_stop).await
                 }
                 Some(tls) => {
                     let handshake = tls.handshake(stream, client, &mut conn_stop).await;
                     if let Some((stream, facts)) = handshake {
-                        serve_connection(stream, facts, state, limits, conn_stop).await
+                        let serving = (state, exchanges, limits);
+                        serve_connection(stream, facts, serving, conn_stop).await
                     }
                 }
             }
@@ -164,8 +173,7 @@ macro_rules! drive {
 async fn serve_connection<S>(
     stream: S,
     conn: ConnectionFacts,
-    state: Arc<GatewayState>,
-    limits: ServeLimits,
+    (state, exchanges, limits): (Arc<GatewayState>, Arc<Semaphore>, ServeLimits),
     mut stop: Shutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -179,8 +187,13 @@ async fn serve_connection<S>(
     let seen = first.clone();
     let service = hyper::service::service_fn(move |req| {
         seen.store(true, Ordering::Release);
-        let state = state.clone();
-        async move { Ok::<_, Infallible>(state.handle(req, conn).await) }
+        let (state, exchanges) = (state.clone(), exchanges.clone());
+        async move {
+            // Never closed, so acquiring only waits.
+            let exchange = exchanges.acquire_owned().await.ok();
+            let resp = state.handle(req, conn).await;
+            Ok::<_, Infallible>(hold_until_streamed(resp, exchange))
+        }
     });
     let progress = Progress::new();
     progress.touch();
@@ -218,6 +231,46 @@ fn http1_builder() -> hyper::server::conn::http1::Builder {
         .max_buf_size(MAX_HEAD_BYTES)
         .max_headers(MAX_HEADERS);
     builder
+}
+
+/// Keeps `permit` until `resp`'s body has streamed (at once if it has none).
+fn hold_until_streamed(
+    resp: http::Response<axum::body::Body>,
+    permit: Option<OwnedSemaphorePermit>,
+) -> http::Response<axum::body::Body> {
+    use http_body::Body as _;
+    match permit {
+        Some(p) if !resp.body().is_end_stream() => {
+            resp.map(|body| axum::body::Body::new(Holding { body, _permit: p }))
+        }
+        _ => resp,
+    }
+}
+
+/// A response body and the permit it holds.
+struct Holding {
+    body: axum::body::Body,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl http_body::Body for Holding {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Fewest streams a client may reset before the server has answered them,

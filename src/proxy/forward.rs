@@ -432,10 +432,13 @@ impl http_body::Body for WatchedBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let mut polled = Pin::new(&mut self.inner).poll_frame(cx);
-        // Request trailers are headers too: the same fields are removed.
+        // Request trailers are headers too: the same fields are removed
+        // (forwarding fields, rolegate fields and `_` look-alikes, hop-by-hop).
         if let Poll::Ready(Some(Ok(frame))) = &mut polled {
             if let Some(trailers) = frame.trailers_mut() {
                 strip_untrusted_forwarding(trailers);
+                strip_rolegate(trailers);
+                strip_hop_by_hop(trailers, false);
             }
         }
         match &polled {

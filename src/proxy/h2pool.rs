@@ -58,6 +58,10 @@ pub(crate) struct H2Pool {
     /// One connect at a time per address: requests that find no free
     /// stream wait for it rather than each opening a connection.
     connecting: Arc<Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// When a connect to an address last failed: requests that waited
+    /// behind it fail at once for `connect_timeout` rather than each trying
+    /// in turn (a dead peer must give 503s in one connect timeout, not in N).
+    failed: Arc<Mutex<HashMap<String, std::time::Instant>>>,
 }
 
 impl H2Pool {
@@ -67,6 +71,7 @@ impl H2Pool {
             connect_timeout,
             open: Arc::default(),
             connecting: Arc::default(),
+            failed: Arc::default(),
         }
     }
 
@@ -118,9 +123,28 @@ impl H2Pool {
         if let Some(found) = self.pick(base) {
             return Ok(found);
         }
-        let fresh = tokio::time::timeout(self.connect_timeout * 2, self.connect(base))
-            .await
-            .map_err(|_| H2Failure::Connect("connect timed out".into()))??;
+        if let Some(at) = self.lock_failed().get(base) {
+            if at.elapsed() < self.connect_timeout {
+                return Err(H2Failure::Connect(
+                    "the last connect failed moments ago".into(),
+                ));
+            }
+        }
+        let attempt = tokio::time::timeout(self.connect_timeout * 2, self.connect(base)).await;
+        let fresh = match attempt {
+            Ok(Ok(sender)) => {
+                self.lock_failed().remove(base);
+                sender
+            }
+            failed => {
+                self.lock_failed()
+                    .insert(base.to_string(), std::time::Instant::now());
+                return Err(match failed {
+                    Ok(Err(e)) => e,
+                    _ => H2Failure::Connect("connect timed out".into()),
+                });
+            }
+        };
         let streams = Arc::new(AtomicUsize::new(1));
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         open.entry(base.to_string()).or_default().push(Conn {
@@ -128,6 +152,10 @@ impl H2Pool {
             streams: streams.clone(),
         });
         Ok((fresh, OpenStream(streams)))
+    }
+
+    fn lock_failed(&self) -> std::sync::MutexGuard<'_, HashMap<String, std::time::Instant>> {
+        self.failed.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn pick(&self, base: &str) -> Option<(SendRequest<Body>, OpenStream)> {

@@ -237,8 +237,12 @@ pub fn check_tls_rules(
         }
         StoreKind::Memory | StoreKind::Sqlite => Ok(()),
         StoreKind::Redis => {
-            let scheme_tls = url.starts_with("rediss://");
-            if scheme_tls && url.rsplit_once('#').is_some_and(|(_, f)| f == "insecure") {
+            // Schemes and the fragment compare ignoring case, as the url parser does.
+            let scheme_tls = url.len() >= 9 && url[..9].eq_ignore_ascii_case("rediss://");
+            let insecure = url
+                .rsplit_once('#')
+                .is_some_and(|(_, f)| f.eq_ignore_ascii_case("insecure"));
+            if insecure {
                 return Err(TlsRuleError::Insecure);
             }
             if tls.is_some() && !scheme_tls {
