@@ -3,6 +3,7 @@
 #![doc = include_str!("../docs/library.md")]
 
 mod admin;
+mod body;
 mod cli;
 pub mod config;
 

@@ -244,46 +244,20 @@ impl Drop for OpenGuard {
     }
 }
 
-/// A response body counted in `rolegate_open_streams` until it ends or is dropped.
-pub struct TrackedBody {
-    inner: axum::body::Body,
-    _open: OpenGuard,
-    /// Dropped with the body: e.g. the count of local work under a role.
-    _hold: Option<Box<dyn Send + Sync>>,
-}
+/// Response bodies counted in `rolegate_open_streams` until they end or are dropped.
+pub struct TrackedBody;
 
 impl TrackedBody {
     /// Counts `inner` in `rolegate_open_streams` while it streams, and keeps
-    /// `hold` alive until it ends.
+    /// `hold` (e.g. the count of local work under a role) alive until it ends.
     pub fn holding(
         inner: axum::body::Body,
         hold: Option<Box<dyn Send + Sync>>,
     ) -> axum::body::Body {
-        axum::body::Body::new(TrackedBody {
+        axum::body::Body::new(crate::body::Holding::new(
             inner,
-            _open: OpenGuard::stream(),
-            _hold: hold,
-        })
-    }
-}
-
-impl http_body::Body for TrackedBody {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+            (OpenGuard::stream(), hold),
+        ))
     }
 }
 

@@ -44,6 +44,15 @@ async fn exchange(
     Ok((parts.status, parts.headers, collected.to_bytes(), trailers))
 }
 
+/// Releases `app`'s slow handlers until every call has finished (20 s at most).
+async fn release_until_done<T>(app: &TestApp, calls: &[tokio::task::JoinHandle<T>]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
+        app.release_slow();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn get(uri: &str) -> Request<Body> {
     Request::get(uri).body(Body::empty()).unwrap()
 }
@@ -223,11 +232,7 @@ async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
         [4, 0, 0],
         "no more than 4 streams at once"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
-        c.apps[0].release_slow();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    release_until_done(&c.apps[0], &calls).await;
     for call in calls {
         let (status, _, _, _) = call
             .await
@@ -421,11 +426,7 @@ async fn long_streams_beyond_one_connections_limit_open_another_hop_connection()
         2,
         "100 streams on one, 20 on another"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
-        c.apps[0].release_slow();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    release_until_done(&c.apps[0], &calls).await;
     for call in calls {
         let (status, _, _) = call.await.unwrap().unwrap();
         assert_eq!(status, StatusCode::OK);
@@ -470,11 +471,7 @@ async fn requests_in_flight_over_http2_count_against_max_connections() {
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(slow(), 4, "no more exchanges than max_connections allows");
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while calls.iter().any(|c| !c.is_finished()) && std::time::Instant::now() < deadline {
-        app.release_slow();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    release_until_done(&app, &calls).await;
     for call in calls {
         let (status, _, _, _) = call.await.unwrap().expect("served once a slot is free");
         assert_eq!(status, StatusCode::OK);

@@ -3,7 +3,6 @@
 //! connections so a stop can drain them.
 
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +15,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::handler::{ConnectionFacts, GatewayState};
 use super::tls::ListenerTls;
+use crate::body::Holding;
 use crate::config::Http2Config;
 use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
@@ -241,35 +241,9 @@ fn hold_until_streamed(
     use http_body::Body as _;
     match permit {
         Some(p) if !resp.body().is_end_stream() => {
-            resp.map(|body| axum::body::Body::new(Holding { body, _permit: p }))
+            resp.map(|body| axum::body::Body::new(Holding::new(body, p)))
         }
         _ => resp,
-    }
-}
-
-/// A response body and the permit it holds.
-struct Holding {
-    body: axum::body::Body,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl http_body::Body for Holding {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
 

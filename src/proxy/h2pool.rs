@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use axum::body::Body;
 use http::{header, Request, Response, Uri};
-use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tower::ServiceExt;
+
+use crate::body::Holding;
 
 /// An HTTP/2 connection is pinged this often, so a peer that vanished is
 /// noticed before a request waits on it.
@@ -101,12 +102,7 @@ impl H2Pool {
             .await
             .map_err(|e| H2Failure::Exchange(Box::new(e)))?;
         // The stream stays counted until its response body is done or dropped.
-        Ok(resp.map(|body| {
-            Body::new(CountedBody {
-                body,
-                _stream: stream,
-            })
-        }))
+        Ok(resp.map(|body| Body::new(Holding::new(body, stream))))
     }
 
     /// A connection to `base` with a free stream (one is opened if none
@@ -202,31 +198,5 @@ struct OpenStream(Arc<AtomicUsize>);
 impl Drop for OpenStream {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// A response body that keeps its stream counted while it is read.
-struct CountedBody {
-    body: Incoming,
-    _stream: OpenStream,
-}
-
-impl http_body::Body for CountedBody {
-    type Data = bytes::Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
     }
 }
