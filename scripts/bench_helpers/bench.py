@@ -1386,7 +1386,8 @@ def main():
     log("raw results in %s (re-render with --render-only %s)" % (raw, raw))
     # The work-row section lives in a file of its own that the page includes,
     # so `--only work` refreshes it without rewriting the other sections.
-    if "work" in b.results["sections"]:
+    # A failed section keeps its page as it was; the failure is in the log.
+    if "work" in b.results["sections"] and "error" not in b.results["sections"]["work"]:
         with open(report.WORK_FILE, "w") as f:
             f.write(report.render_work(b.results["sections"]["work"], args))
         log("wrote %s" % report.WORK_FILE)

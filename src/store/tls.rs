@@ -121,8 +121,10 @@ pub enum TlsFileError {
     },
 }
 
-/// PEM bytes read from the files of a [`StoreTls`], each checked.
+/// PEM bytes read from the files of a [`StoreTls`], each checked. (Only the
+/// Redis and etcd clients read them; PostgreSQL takes its files by path.)
 #[derive(Clone, Default)]
+#[cfg_attr(not(any(feature = "redis", feature = "etcd")), allow(dead_code))]
 pub(crate) struct TlsMaterial {
     /// The CA certificates, PEM.
     pub(crate) ca: Option<Vec<u8>>,
