@@ -381,24 +381,8 @@ async fn peer_hops_over_http2_share_one_connection_and_keep_every_rule() {
         "SSE over an h2 hop"
     );
     // An upgrade (WebSocket) still works: it takes an HTTP/1.1 hop.
-    let url = format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port);
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", c.gws[2].port))
-        .await
-        .unwrap();
-    let (mut ws, resp) = tokio_tungstenite::client_async(url, stream)
-        .await
-        .expect("websocket handshake");
-    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-    use futures_util::{SinkExt, StreamExt};
-    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
-        .await
-        .unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(5), ws.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(got.into_text().unwrap().as_str(), "ping");
+    cluster::websocket_client_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port))
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -477,4 +461,36 @@ async fn requests_in_flight_over_http2_count_against_max_connections() {
         assert_eq!(status, StatusCode::OK);
     }
     assert_eq!(slow(), 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_trailers_lose_the_fields_the_head_would_lose() {
+    // h2c both ways, so trailers reach the app as the client sent them
+    // unless the gateway removes them.
+    let app = TestApp::start(0).await;
+    let mut spec = ClusterSpec::postgres("h2_trailers");
+    spec.upstream_yaml.push_str("  protocol: h2c\n");
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    let mut h2 = h2c(gw.port).await.expect("h2c handshake");
+    let mut trailers = HeaderMap::new();
+    for (k, v) in [
+        ("x-rolegate-role", "maintenance"),
+        ("x-rolegate-token", "4242"),
+        ("x_rolegate_role", "maintenance"),
+        ("x-forwarded-for", "6.6.6.6"),
+        ("x-original-url", "/maintenance/run"),
+        ("x-kept", "yes"),
+    ] {
+        trailers.insert(http::HeaderName::from_static(k), v.parse().unwrap());
+    }
+    let frames = futures_util::stream::iter([
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(Bytes::from("body"))),
+        Ok(http_body::Frame::trailers(trailers)),
+    ]);
+    let req = Request::post("http://app.test/plain/echo-trailers")
+        .body(Body::new(http_body_util::StreamBody::new(frames)))
+        .unwrap();
+    let (status, _, body, _) = exchange(&mut h2, req).await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, "x-kept", "only the harmless trailer reaches the app");
 }

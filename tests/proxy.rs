@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use bytes::Bytes;
-use futures_util::{SinkExt, StreamExt};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use support::cluster::{
@@ -423,35 +422,12 @@ async fn hop_by_hop_and_connection_named_headers_are_removed_and_framing_is_pres
     }
 }
 
-async fn websocket_echo(url: &str) {
-    let uri: http::Uri = url.parse().unwrap();
-    let stream = tokio::net::TcpStream::connect((uri.host().unwrap(), uri.port_u16().unwrap()))
-        .await
-        .unwrap();
-    let (mut ws, resp) = tokio_tungstenite::client_async(url, stream)
-        .await
-        .expect("websocket handshake");
-    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
-    for i in 0..5 {
-        let text = format!("hello {i}");
-        ws.send(tokio_tungstenite::tungstenite::Message::text(text.clone()))
-            .await
-            .unwrap();
-        let got = tokio::time::timeout(Duration::from_secs(5), ws.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert_eq!(got.into_text().unwrap().as_str(), text);
-    }
-    ws.close(None).await.unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn websocket_echo_works_through_a_forwarded_route_and_a_plain_path() {
     let c = Cluster::start(ClusterSpec::postgres("px_ws")).await;
-    websocket_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port)).await;
-    websocket_echo(&format!("ws://127.0.0.1:{}/chat/ws", c.gws[1].port)).await;
+    cluster::websocket_client_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port))
+        .await;
+    cluster::websocket_client_echo(&format!("ws://127.0.0.1:{}/chat/ws", c.gws[1].port)).await;
     assert_eq!(c.total_executed("/maintenance/ws"), vec![1, 0, 0]);
     assert_eq!(c.total_executed("/chat/ws"), vec![0, 1, 0]);
     // A refused upgrade is an ordinary error response, and the gateway goes on.
@@ -462,7 +438,8 @@ async fn websocket_echo_works_through_a_forwarded_route_and_a_plain_path() {
         .unwrap();
     let (status, _, _) = cluster::request(req).await.unwrap();
     assert_eq!(status, StatusCode::CREATED);
-    websocket_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port)).await;
+    cluster::websocket_client_echo(&format!("ws://127.0.0.1:{}/maintenance/ws", c.gws[2].port))
+        .await;
 }
 
 /// Counts accepted connections and relays bytes to `target`.

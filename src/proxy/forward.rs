@@ -437,7 +437,6 @@ impl http_body::Body for WatchedBody {
         if let Poll::Ready(Some(Ok(frame))) = &mut polled {
             if let Some(trailers) = frame.trailers_mut() {
                 strip_untrusted_forwarding(trailers);
-                strip_rolegate(trailers);
                 strip_hop_by_hop(trailers, false);
             }
         }

@@ -184,6 +184,15 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
             .body(Body::empty())
             .unwrap();
     }
+    if path.ends_with("/echo-trailers") {
+        // The names of the request trailers that reached the app, sorted.
+        let collected = req.into_body().collect().await.ok();
+        let mut names: Vec<String> = (collected.and_then(|c| c.trailers().cloned()))
+            .map(|t| t.keys().map(|k| k.to_string()).collect())
+            .unwrap_or_default();
+        names.sort();
+        return Response::new(Body::from(names.join(",")));
+    }
     if path.ends_with("/echo-body") {
         let body = req
             .into_body()
@@ -820,4 +829,35 @@ impl Cluster {
             })
             .collect()
     }
+}
+
+/// Five text messages echoed through a WebSocket at `url` (`ws://host:port/path`).
+pub async fn websocket_client_echo(url: &str) {
+    let uri: http::Uri = url.parse().unwrap();
+    let stream = tokio::net::TcpStream::connect((uri.host().unwrap(), uri.port_u16().unwrap()))
+        .await
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async(url, stream)
+        .await
+        .expect("websocket handshake");
+    assert_eq!(resp.status(), StatusCode::SWITCHING_PROTOCOLS);
+    for i in 0..5 {
+        let text = format!("hello {i}");
+        futures_util::SinkExt::send(
+            &mut ws,
+            tokio_tungstenite::tungstenite::Message::text(text.clone()),
+        )
+        .await
+        .unwrap();
+        let got = tokio::time::timeout(
+            Duration::from_secs(5),
+            futures_util::StreamExt::next(&mut ws),
+        )
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+        assert_eq!(got.into_text().unwrap().as_str(), text);
+    }
+    ws.close(None).await.unwrap();
 }

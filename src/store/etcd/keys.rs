@@ -107,14 +107,7 @@ impl EtcdStore {
             Some(PutOptions::new().with_lease(lease)),
         );
         let txn = Txn::new().when([unchanged]).and_then([put]);
-        let resp = self
-            .members
-            .write(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(self.error("acquire"))?;
+        let resp = self.write_txn(txn, "acquire").await?;
         Ok(resp
             .succeeded()
             .then(|| resp.header().map(|h| (role, h.revision() as u64)))

@@ -189,6 +189,22 @@ impl EtcdStore {
         move |e| error(&self.at, op, e)
     }
 
+    /// Runs `txn` as a write (retried on another member as `members`
+    /// allows); `op` names it in the error.
+    pub(super) async fn write_txn(
+        &self,
+        txn: Txn,
+        op: &'static str,
+    ) -> Result<etcd_client::TxnResponse, StoreError> {
+        self.members
+            .write(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(self.error(op))
+    }
+
     fn lease_prefix(&self) -> String {
         format!("{}/lease/", self.ns)
     }
@@ -284,13 +300,7 @@ impl LeaseStore for EtcdStore {
                     .map(|r| TxnOp::put(format!("{}{r}", self.known_prefix()), Vec::new(), None))
                     .collect();
                 let txn = Txn::new().and_then(ops);
-                self.members
-                    .write(|mut c| {
-                        let txn = txn.clone();
-                        async move { c.txn(txn).await }
-                    })
-                    .await
-                    .map_err(self.error("register"))?;
+                self.write_txn(txn, "register").await?;
             }
             Ok(())
         }
@@ -377,14 +387,7 @@ impl LeaseStore for EtcdStore {
                         Compare::lease(key.clone(), CompareOp::Equal, lease),
                     ])
                     .and_then([TxnOp::delete(key, None)]);
-                let resp = self
-                    .members
-                    .write(|mut c| {
-                        let txn = txn.clone();
-                        async move { c.txn(txn).await }
-                    })
-                    .await
-                    .map_err(self.error("release"))?;
+                let resp = self.write_txn(txn, "release").await?;
                 Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
             });
             let mut released = Vec::new();

@@ -31,14 +31,7 @@ impl EtcdStore {
             ),
             TxnOp::get(prefix.clone(), Some(GetOptions::new().with_prefix())),
         ]);
-        let resp = self
-            .members
-            .write(|mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await
-            .map_err(self.error("presence"))?;
+        let resp = self.write_txn(txn, "presence").await?;
         let mut members = Vec::new();
         for op in resp.op_responses() {
             let TxnOpResponse::Get(get) = op else {
