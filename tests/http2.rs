@@ -226,6 +226,7 @@ async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
         || c.executed_with("/slow")[0] == 4,
     )
     .await;
+    // Then a moment for a fifth to arrive, were one let through.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         c.executed_with("/slow"),
@@ -453,6 +454,7 @@ async fn requests_in_flight_over_http2_count_against_max_connections() {
         || slow() == 4,
     )
     .await;
+    // Then a moment for a fifth to arrive, were one let through.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(slow(), 4, "no more exchanges than max_connections allows");
     release_until_done(&app, &calls).await;
