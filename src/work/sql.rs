@@ -91,14 +91,21 @@ impl Statements {
             set.push_str(", ");
             set.push_str(extra);
         }
+        // PostgreSQL locks the picked rows in the subquery and skips rows
+        // another statement holds: an `UPDATE` that locked rows one by one in
+        // plan order could deadlock against a concurrent claim or
+        // `complete_all` (SQLSTATE 40P01). The lock lasts this one statement.
+        // `ARRAY(...)` runs the subquery once. SQLite has one writer at a time.
         let claim_with = |extra: &str| {
-            format!(
-                "UPDATE {table} SET {set} \
-                 WHERE {id} IN (SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}) \
-                 AND {claimable}{extra} \
-                 RETURNING *",
+            let pick = format!(
+                "SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}",
                 batch = d.p(1),
-            )
+            );
+            let picked = match d {
+                Dialect::Postgres => format!("{id} = ANY(ARRAY({pick} FOR UPDATE SKIP LOCKED))"),
+                Dialect::Sqlite => format!("{id} IN ({pick})"),
+            };
+            format!("UPDATE {table} SET {set} WHERE {picked} AND {claimable}{extra} RETURNING *")
         };
         let partition_filter = t
             .partition_column
@@ -182,7 +189,11 @@ mod tests {
         );
         assert!(s.claim.contains("attempts = attempts + 1"));
         assert!(s.claim.ends_with("RETURNING *"));
-        assert!(!s.claim.to_ascii_uppercase().contains("FOR UPDATE"));
+        assert!(
+            s.claim.contains("LIMIT $1 FOR UPDATE SKIP LOCKED))"),
+            "{}",
+            s.claim
+        );
         assert!(
             s.complete.ends_with("WHERE id = $1 AND lock_id = $2"),
             "{}",
@@ -195,5 +206,6 @@ mod tests {
             .contains("run_at = to_timestamp($3::float8 / 1000.0)"));
         let q = Statements::new(&t, Dialect::Sqlite);
         assert!(q.claim.contains("LIMIT ?1") && q.complete.contains("lock_id = ?2"));
+        assert!(!q.claim.contains("FOR UPDATE"), "{}", q.claim);
     }
 }
