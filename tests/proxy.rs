@@ -9,6 +9,7 @@ use axum::body::Body;
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
 use support::cluster::{
     self, raw_exchange, status_of, Cluster, ClusterSpec, GatewayProcess, TestApp,
 };
@@ -630,5 +631,75 @@ async fn response_trailers_pass_through_the_forwarded_path() {
         assert_eq!(data, b"part-1 part-2");
         let trailers = trailers.expect("trailers arrive");
         assert_eq!(trailers["x-checksum"], "abc123");
+    }
+}
+
+/// One HTTP/1.1 client connection to `port`.
+async fn one_connection(port: u16) -> hyper::client::conn::http1::SendRequest<Body> {
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    send
+}
+
+/// The ports the app saw requests for `prefix` come from, in order.
+fn from_ports(app: &TestApp, prefix: &str) -> Vec<u16> {
+    app.executed()
+        .into_iter()
+        .filter(|e| e.path.starts_with(prefix))
+        .map(|e| e.from_port)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_client_connection_keeps_its_own_upstream_and_peer_connections() {
+    let c = Cluster::start(ClusterSpec::postgres("px_affine")).await;
+    // Two keep-alive clients of a non-holder, taking turns: a shared pool
+    // would hand both the one idle connection; here each keeps its own, on
+    // the forwarded path (peer hop, then the holder's app) and on a plain
+    // path (this gateway's app).
+    let mut clients = [
+        one_connection(c.gws[1].port).await,
+        one_connection(c.gws[1].port).await,
+    ];
+    for round in 0..10 {
+        for (who, client) in clients.iter_mut().enumerate() {
+            for path in [
+                format!("/maintenance/affine/{who}/{round}"),
+                format!("/plain/affine/{who}/{round}"),
+            ] {
+                client.ready().await.unwrap();
+                let req = Request::get(path.as_str())
+                    .header("host", "gateway.test")
+                    .body(Body::empty())
+                    .unwrap();
+                let resp = client.send_request(req).await.unwrap();
+                assert!(resp.status().is_success(), "{path}: {}", resp.status());
+                resp.into_body().collect().await.unwrap();
+            }
+        }
+    }
+    for (app, prefix) in [
+        (&c.apps[0], "/maintenance/affine/"),
+        (&c.apps[1], "/plain/affine/"),
+    ] {
+        let mut per_client = Vec::new();
+        for who in 0..2 {
+            let ports = from_ports(app, &format!("{prefix}{who}/"));
+            assert_eq!(ports.len(), 10, "{prefix}{who}: {ports:?}");
+            assert!(
+                ports.iter().all(|p| *p == ports[0]),
+                "client {who}'s requests under {prefix} came on one connection: {ports:?}"
+            );
+            per_client.push(ports[0]);
+        }
+        assert_ne!(
+            per_client[0], per_client[1],
+            "the two clients share an upstream connection under {prefix}"
+        );
     }
 }

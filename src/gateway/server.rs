@@ -21,6 +21,7 @@ use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
 };
 use crate::proxy::idle::{Progress, ProgressIo};
+use crate::proxy::Affinity;
 use crate::shutdown::{self, Shutdown, ShutdownTrigger};
 
 /// Open connections, so shutdown can wait for them to finish.
@@ -185,8 +186,11 @@ async fn serve_connection<S>(
     // its preface and then nothing.
     let first = Arc::new(AtomicBool::new(false));
     let seen = first.clone();
-    let service = hyper::service::service_fn(move |req| {
+    // The upstream connections this client connection owns.
+    let affinity = Affinity::default();
+    let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
         seen.store(true, Ordering::Release);
+        req.extensions_mut().insert(affinity.clone());
         let (state, exchanges) = (state.clone(), exchanges.clone());
         async move {
             // Never closed, so acquiring only waits.

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
+use super::affine::{Affinity, NotSent, Side};
 use super::h2pool::{BoxError, H2Failure, H2Pool};
 use super::headers::{
     add_forwarding, is_upgrade_request, strip_hop_by_hop, strip_rolegate,
@@ -23,9 +24,7 @@ use super::headers::{
 };
 use super::idle::{Progress, ProgressIo};
 
-/// Idle pooled connections are closed after this, below the 5 s keep-alive
-/// common in app servers, so a reused connection is rarely one the peer closes.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+pub use super::affine::POOL_IDLE_TIMEOUT;
 
 /// Bytes of a health-probe answer read before the connection is dropped.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;
@@ -90,11 +89,13 @@ pub use crate::protocol::HopProtocol;
 
 type PooledClient = Client<HttpsConnector<HttpConnector>, Body>;
 
-/// One TLS setup's clients: pooled HTTP/1.1, and one multiplexed HTTP/2
+/// One TLS setup's clients: pooled HTTP/1.1, its connector (for the
+/// connections client connections own), and one multiplexed HTTP/2
 /// connection per address.
 #[derive(Clone)]
 struct Transport {
     client: PooledClient,
+    connector: HttpsConnector<HttpConnector>,
     h2: H2Pool,
 }
 
@@ -110,6 +111,7 @@ impl Transport {
             .https_or_http()
             .enable_http1()
             .wrap_connector(http.clone());
+        let connector = h1.clone();
         let h2 = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -123,6 +125,7 @@ impl Transport {
             .build(h1);
         Self {
             client,
+            connector,
             h2: H2Pool::new(h2, connect_timeout),
         }
     }
@@ -251,7 +254,8 @@ impl Forwarder {
         base: &str,
         protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        self.exchange(&self.app, req, base, protocol).await
+        self.exchange((&self.app, Side::App), req, base, protocol)
+            .await
     }
 
     /// [`Forwarder::proxy_over`] to a peer gateway: through the peer TLS
@@ -263,18 +267,44 @@ impl Forwarder {
         protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
         let transport = self.peers.as_ref().unwrap_or(&self.app);
-        self.exchange(transport, req, base, protocol).await
+        self.exchange((transport, Side::Peer), req, base, protocol)
+            .await
+    }
+
+    /// Sends `req` on the client connection's own upstream connection when
+    /// it has one to give, else through the pools.
+    async fn dispatch(
+        &self,
+        (transport, side): (&Transport, Side),
+        affinity: Option<Affinity>,
+        mut req: Request<Body>,
+        base: &str,
+        protocol: HopProtocol,
+    ) -> Result<Response<Body>, H2Failure> {
+        if let Some(affinity) = affinity {
+            match affinity.send(side, &transport.connector, base, req).await {
+                Ok(resp) => return Ok(resp),
+                Err(NotSent::Failed(e)) => return Err(e),
+                Err(NotSent::UsePool(back)) => req = *back,
+            }
+            *req.uri_mut() =
+                target_uri(base, req.uri()).map_err(|e| H2Failure::Exchange(Box::new(e)))?;
+        }
+        self.send(transport, req, base, protocol).await
     }
 
     async fn exchange(
         &self,
-        transport: &Transport,
+        (transport, side): (&Transport, Side),
         mut req: Request<Body>,
         base: &str,
         protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        *req.uri_mut() = target_uri(base, req.uri())?;
         let upgrade = is_upgrade_request(req.headers());
+        let affinity = own_connection(&mut req, upgrade, protocol);
+        if affinity.is_none() {
+            *req.uri_mut() = target_uri(base, req.uri())?;
+        }
         // Only HTTP/1.1 upgrades a connection.
         let protocol = if upgrade {
             HopProtocol::Http1
@@ -289,7 +319,7 @@ impl Forwarder {
         let watch = Arc::new(BodyWatch::default());
         let req = req.map(|b| Body::new(WatchedBody::new(b, watch.clone())));
 
-        let send = self.send(transport, req, base, protocol);
+        let send = self.dispatch((transport, side), affinity, req, base, protocol);
         let head_deadline = async {
             watch.ended().await;
             tokio::time::sleep(self.response_header_timeout).await;
@@ -458,6 +488,17 @@ impl http_body::Body for WatchedBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// The client connection's own upstream connections, for a plain HTTP/1.1
+/// exchange; everything else goes through the pools.
+fn own_connection(
+    req: &mut Request<Body>,
+    upgrade: bool,
+    protocol: HopProtocol,
+) -> Option<Affinity> {
+    let affinity = req.extensions_mut().remove::<Affinity>()?;
+    (!upgrade && protocol == HopProtocol::Http1).then_some(affinity)
 }
 
 /// `base` + the path and query of `uri`.

@@ -91,22 +91,8 @@ impl Statements {
             set.push_str(", ");
             set.push_str(extra);
         }
-        // PostgreSQL locks the picked rows in the subquery and skips rows
-        // another statement holds: an `UPDATE` that locked rows one by one in
-        // plan order could deadlock against a concurrent claim or
-        // `complete_all` (SQLSTATE 40P01). The lock lasts this one statement.
-        // `ARRAY(...)` runs the subquery once. SQLite has one writer at a time.
-        let claim_with = |extra: &str| {
-            let pick = format!(
-                "SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}",
-                batch = d.p(1),
-            );
-            let picked = match d {
-                Dialect::Postgres => format!("{id} = ANY(ARRAY({pick} FOR UPDATE SKIP LOCKED))"),
-                Dialect::Sqlite => format!("{id} IN ({pick})"),
-            };
-            format!("UPDATE {table} SET {set} WHERE {picked} AND {claimable}{extra} RETURNING *")
-        };
+        let claim_with =
+            |extra: &str| claim_statement(d, table, id, &set, &claimable, extra, &order);
         let partition_filter = t
             .partition_column
             .as_ref()
@@ -158,6 +144,33 @@ impl Statements {
             renew: format!("UPDATE {table} SET {until} = {renew_until} WHERE {mine}"),
         }
     }
+}
+
+/// The claim: pick up to `$1` claimable rows in order, then take them with
+/// one conditional `UPDATE` that restates the predicate. PostgreSQL locks
+/// the picked rows in the subquery and skips rows another statement holds:
+/// an `UPDATE` that locked rows one by one in plan order could deadlock
+/// against a concurrent claim or `complete_all` (SQLSTATE 40P01). The lock
+/// lasts this one statement; `ARRAY(...)` runs the subquery once. SQLite
+/// has one writer at a time.
+fn claim_statement(
+    d: Dialect,
+    table: &str,
+    id: &str,
+    set: &str,
+    claimable: &str,
+    extra: &str,
+    order: &str,
+) -> String {
+    let pick = format!(
+        "SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}",
+        batch = d.p(1),
+    );
+    let picked = match d {
+        Dialect::Postgres => format!("{id} = ANY(ARRAY({pick} FOR UPDATE SKIP LOCKED))"),
+        Dialect::Sqlite => format!("{id} IN ({pick})"),
+    };
+    format!("UPDATE {table} SET {set} WHERE {picked} AND {claimable}{extra} RETURNING *")
 }
 
 #[cfg(test)]

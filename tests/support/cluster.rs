@@ -32,7 +32,13 @@ pub struct Executed {
     pub version: http::Version,
     /// CLOCK_MONOTONIC nanoseconds when the app began executing it.
     pub t_ns: u64,
+    /// The port of the connection it came on (the gateway's side).
+    pub from_port: u16,
 }
+
+/// Request extension: the port the app's connection comes from.
+#[derive(Clone, Copy)]
+struct FromPort(u16);
 
 struct AppState {
     n: usize,
@@ -76,13 +82,14 @@ impl TestApp {
         let st = state.clone();
         let task = tokio::spawn(async move {
             loop {
-                let Ok((stream, _)) = listener.accept().await else {
+                let Ok((stream, from)) = listener.accept().await else {
                     continue;
                 };
                 st.accepts.fetch_add(1, Ordering::SeqCst);
                 let st = st.clone();
                 tokio::spawn(async move {
-                    let svc = hyper::service::service_fn(move |req| {
+                    let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+                        req.extensions_mut().insert(FromPort(from.port()));
                         let st = st.clone();
                         async move { Ok::<_, Infallible>(app_handle(st, req).await) }
                     });
@@ -149,6 +156,7 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         headers: req.headers().clone(),
         version: req.version(),
         t_ns: rolegate::events::monotonic_ns(),
+        from_port: req.extensions().get::<FromPort>().map_or(0, |p| p.0),
     });
     let n = st.n;
     if path.ends_with("/ws") {

@@ -1,0 +1,198 @@
+//! Connection-affine HTTP/1.1 upstream connections: a client connection owns
+//! the upstream connection its requests go out on (one to the app, one to a
+//! peer gateway), so a keep-alive client's requests skip the shared pool:
+//! no checkout, no pool key hashed, no pool lock. A request that finds its
+//! connection busy (another HTTP/2 stream is on it, or the last response is
+//! still streaming), kept for another address, or closed goes through the
+//! worker's pool instead, and so does a request on a connection idle longer
+//! than the pool's idle timeout (the app may be closing it).
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http::{header, Request, Response, Uri};
+use hyper::client::conn::http1::SendRequest;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use tower::ServiceExt;
+
+use super::h2pool::H2Failure;
+
+/// Idle pooled connections are closed after this, below the 5 s keep-alive
+/// common in app servers, so a reused connection is rarely one the peer
+/// closes; a client connection's own upstream connection idle this long is
+/// replaced rather than reused.
+pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+
+/// Which upstream a kept connection goes to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Side {
+    /// The local app.
+    App = 0,
+    /// A peer gateway (the holder).
+    Peer = 1,
+}
+
+/// Request extension set by the listener: the upstream connections its
+/// client connection owns. Requests without it use the pool.
+#[derive(Clone, Default)]
+pub struct Affinity(Arc<Mutex<[Slot; 2]>>);
+
+impl std::fmt::Debug for Affinity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Affinity").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+enum Slot {
+    #[default]
+    Empty,
+    /// A request is on the connection (its future owns the sender).
+    InUse,
+    Idle(Kept),
+}
+
+struct Kept {
+    base: Box<str>,
+    sender: SendRequest<Body>,
+    since: Instant,
+}
+
+/// Why [`Affinity::send`] did not answer.
+pub(crate) enum NotSent {
+    /// The request never left: send it through the pool (rare; boxed).
+    UsePool(Box<Request<Body>>),
+    /// The exchange failed.
+    Failed(H2Failure),
+}
+
+/// A slot taken for one exchange; emptied when dropped unkept (the
+/// exchange failed or was cancelled, which closes the connection).
+struct Lease<'a> {
+    owner: &'a Affinity,
+    side: Side,
+    kept: bool,
+}
+
+impl Lease<'_> {
+    fn keep(mut self, base: &str, sender: SendRequest<Body>) {
+        self.kept = true;
+        self.owner.slots()[self.side as usize] = Slot::Idle(Kept {
+            base: base.into(),
+            sender,
+            since: Instant::now(),
+        });
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.owner.slots()[self.side as usize] = Slot::Empty;
+        }
+    }
+}
+
+impl Affinity {
+    fn slots(&self) -> MutexGuard<'_, [Slot; 2]> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The kept connection to `base` if it is ready now; `Ok(None)` when
+    /// there is none to reuse and one should be opened; `Err` when the slot
+    /// is busy or kept for another live address (use the pool).
+    fn begin(&self, side: Side, base: &str) -> Result<(Lease<'_>, Option<SendRequest<Body>>), ()> {
+        let mut slots = self.slots();
+        let slot = &mut slots[side as usize];
+        let reuse = match std::mem::take(slot) {
+            Slot::InUse => {
+                *slot = Slot::InUse;
+                return Err(());
+            }
+            Slot::Empty => None,
+            Slot::Idle(k) if k.sender.is_closed() || k.since.elapsed() >= POOL_IDLE_TIMEOUT => None,
+            Slot::Idle(k) if *k.base != *base || !k.sender.is_ready() => {
+                *slot = Slot::Idle(k);
+                return Err(());
+            }
+            Slot::Idle(k) => Some(k.sender),
+        };
+        *slot = Slot::InUse;
+        let lease = Lease {
+            owner: self,
+            side,
+            kept: false,
+        };
+        Ok((lease, reuse))
+    }
+
+    /// Sends `req` (path and query in its URI, headers prepared) to `base`
+    /// on this client connection's own upstream connection, opening it with
+    /// `connector` if there is none.
+    pub(crate) async fn send(
+        &self,
+        side: Side,
+        connector: &HttpsConnector<HttpConnector>,
+        base: &str,
+        mut req: Request<Body>,
+    ) -> Result<Response<Body>, NotSent> {
+        let Ok((lease, reuse)) = self.begin(side, base) else {
+            return Err(NotSent::UsePool(Box::new(req)));
+        };
+        let mut sender = match reuse {
+            Some(sender) => sender,
+            None => connect(connector, base).await.map_err(NotSent::Failed)?,
+        };
+        if !req.headers().contains_key(header::HOST) {
+            // An HTTP/1.0 client may send none; the address names the host.
+            let host = base.parse::<Uri>().ok().and_then(|u| {
+                let a = u.authority()?;
+                http::HeaderValue::from_str(a.as_str()).ok()
+            });
+            if let Some(host) = host {
+                req.headers_mut().insert(header::HOST, host);
+            }
+        }
+        if let Some(path) = req.uri().path_and_query().cloned() {
+            *req.uri_mut() = Uri::from(path);
+        }
+        match sender.try_send_request(req).await {
+            Ok(resp) => {
+                lease.keep(base, sender);
+                Ok(resp.map(Body::new))
+            }
+            Err(mut e) => match e.take_message() {
+                Some(req) => Err(NotSent::UsePool(Box::new(req))),
+                None => Err(NotSent::Failed(H2Failure::Exchange(Box::new(
+                    e.into_error(),
+                )))),
+            },
+        }
+    }
+}
+
+/// Opens an HTTP/1.1 connection to `base` (TCP, TLS for https) and spawns
+/// its driver; it lives until the sender is dropped or either side closes.
+async fn connect(
+    connector: &HttpsConnector<HttpConnector>,
+    base: &str,
+) -> Result<SendRequest<Body>, H2Failure> {
+    let uri: Uri = base.parse().map_err(|e| H2Failure::Connect(Box::new(e)))?;
+    let io = connector
+        .clone()
+        .oneshot(uri)
+        .await
+        .map_err(H2Failure::Connect)?;
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .handshake(io)
+        .await
+        .map_err(|e| H2Failure::Connect(Box::new(e)))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "upstream connection ended");
+        }
+    });
+    Ok(sender)
+}
