@@ -143,7 +143,11 @@ impl Affinity {
         };
         let mut sender = match reuse {
             Some(sender) => sender,
-            None => connect(connector, base).await.map_err(NotSent::Failed)?,
+            // Boxed: the connect future is large and rarely run; unboxed it
+            // would be copied with every request's future.
+            None => Box::pin(connect(connector, base))
+                .await
+                .map_err(NotSent::Failed)?,
         };
         if !req.headers().contains_key(header::HOST) {
             // An HTTP/1.0 client may send none; the address names the host.

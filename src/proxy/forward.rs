@@ -290,7 +290,9 @@ impl Forwarder {
             *req.uri_mut() =
                 target_uri(base, req.uri()).map_err(|e| H2Failure::Exchange(Box::new(e)))?;
         }
-        self.send(transport, req, base, protocol).await
+        // Boxed: the pools' futures are large, and every request's future
+        // would be as large (and copied) if they were inline.
+        Box::pin(self.send(transport, req, base, protocol)).await
     }
 
     async fn exchange(
