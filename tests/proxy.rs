@@ -703,3 +703,36 @@ async fn each_client_connection_keeps_its_own_upstream_and_peer_connections() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_client_connection_lets_its_own_upstream_connection_close() {
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &ClusterSpec::postgres("px_idle"), &app).await;
+    let mut client = one_connection(gw.port).await;
+    let mut get = |path: &'static str| {
+        let req = Request::get(path).header("host", "gateway.test");
+        let sent = client.send_request(req.body(Body::empty()).unwrap());
+        async move {
+            let resp = sent.await.unwrap();
+            assert!(resp.status().is_success(), "{path}: {}", resp.status());
+            resp.into_body().collect().await.unwrap();
+        }
+    };
+    get("/plain/idle/first").await;
+    let first = from_ports(&app, "/plain/idle/first")[0];
+    assert!(app.is_open_from(first));
+    // Idle past the pool's 4 s limit, the gateway lets it go while the
+    // client connection stays open, as the pool closes its idle connections.
+    support::wait_for(
+        "the idle upstream connection closes",
+        Duration::from_secs(12),
+        || !app.is_open_from(first),
+    )
+    .await;
+    get("/plain/idle/second").await;
+    let second = from_ports(&app, "/plain/idle/second")[0];
+    assert_ne!(
+        second, first,
+        "a new upstream connection for the next request"
+    );
+}

@@ -7,7 +7,8 @@
 //! worker's pool instead, and so does a request on a connection idle longer
 //! than the pool's idle timeout (the app may be closing it).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
@@ -57,8 +58,17 @@ enum Slot {
 struct Kept {
     base: Box<str>,
     sender: SendRequest<Body>,
+    /// When its last response head came.
     since: Instant,
+    /// Which connection (its driver looks for it to close it when idle).
+    id: u64,
 }
+
+/// Connection ids, so a driver finds its own connection in a slot.
+static NEXT_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A kept connection's sender and id.
+type Owned = (SendRequest<Body>, u64);
 
 /// Why [`Affinity::send`] did not answer.
 pub(crate) enum NotSent {
@@ -77,12 +87,13 @@ struct Lease<'a> {
 }
 
 impl Lease<'_> {
-    fn keep(mut self, base: &str, sender: SendRequest<Body>) {
+    fn keep(mut self, base: &str, (sender, id): (SendRequest<Body>, u64)) {
         self.kept = true;
         self.owner.slots()[self.side as usize] = Slot::Idle(Kept {
             base: base.into(),
             sender,
             since: Instant::now(),
+            id,
         });
     }
 }
@@ -103,7 +114,7 @@ impl Affinity {
     /// The kept connection to `base` if it is ready now; `Ok(None)` when
     /// there is none to reuse and one should be opened; `Err` when the slot
     /// is busy or kept for another live address (use the pool).
-    fn begin(&self, side: Side, base: &str) -> Result<(Lease<'_>, Option<SendRequest<Body>>), ()> {
+    fn begin(&self, side: Side, base: &str) -> Result<(Lease<'_>, Option<Owned>), ()> {
         let mut slots = self.slots();
         let slot = &mut slots[side as usize];
         let reuse = match std::mem::take(slot) {
@@ -112,12 +123,15 @@ impl Affinity {
                 return Err(());
             }
             Slot::Empty => None,
-            Slot::Idle(k) if k.sender.is_closed() || k.since.elapsed() >= POOL_IDLE_TIMEOUT => None,
+            Slot::Idle(k) if k.sender.is_closed() => None,
+            // Still streaming a response (another HTTP/2 stream's), or kept
+            // for another address.
             Slot::Idle(k) if *k.base != *base || !k.sender.is_ready() => {
                 *slot = Slot::Idle(k);
                 return Err(());
             }
-            Slot::Idle(k) => Some(k.sender),
+            Slot::Idle(k) if k.since.elapsed() >= POOL_IDLE_TIMEOUT => None,
+            Slot::Idle(k) => Some((k.sender, k.id)),
         };
         *slot = Slot::InUse;
         let lease = Lease {
@@ -141,11 +155,11 @@ impl Affinity {
         let Ok((lease, reuse)) = self.begin(side, base) else {
             return Err(NotSent::UsePool(Box::new(req)));
         };
-        let mut sender = match reuse {
-            Some(sender) => sender,
+        let (mut sender, id) = match reuse {
+            Some(owned) => owned,
             // Boxed: the connect future is large and rarely run; unboxed it
             // would be copied with every request's future.
-            None => Box::pin(connect(connector, base))
+            None => Box::pin(self.connect(side, connector, base))
                 .await
                 .map_err(NotSent::Failed)?,
         };
@@ -164,7 +178,7 @@ impl Affinity {
         }
         match sender.try_send_request(req).await {
             Ok(resp) => {
-                lease.keep(base, sender);
+                lease.keep(base, (sender, id));
                 Ok(resp.map(Body::new))
             }
             Err(mut e) => match e.take_message() {
@@ -175,28 +189,58 @@ impl Affinity {
             },
         }
     }
+    /// Opens an HTTP/1.1 connection to `base` (TCP, TLS for https) and
+    /// spawns its driver. The connection lives until its sender is dropped
+    /// (the client connection closed, or it was replaced) or either side
+    /// closes it; idle in its slot for [`POOL_IDLE_TIMEOUT`], it is dropped
+    /// from there, as the pool would close it.
+    async fn connect(
+        &self,
+        side: Side,
+        connector: &HttpsConnector<HttpConnector>,
+        base: &str,
+    ) -> Result<Owned, H2Failure> {
+        let uri: Uri = base.parse().map_err(|e| H2Failure::Connect(Box::new(e)))?;
+        let io = connector
+            .clone()
+            .oneshot(uri)
+            .await
+            .map_err(H2Failure::Connect)?;
+        let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .handshake(io)
+            .await
+            .map_err(|e| H2Failure::Connect(Box::new(e)))?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let owner = Arc::downgrade(&self.0);
+        tokio::spawn(async move {
+            tokio::pin!(conn);
+            loop {
+                tokio::select! {
+                    ended = &mut conn => {
+                        if let Err(e) = ended {
+                            tracing::debug!(error = %e, "upstream connection ended");
+                        }
+                        return;
+                    }
+                    _ = tokio::time::sleep(POOL_IDLE_TIMEOUT) => drop_if_idle(&owner, side, id),
+                }
+            }
+        });
+        Ok((sender, id))
+    }
 }
 
-/// Opens an HTTP/1.1 connection to `base` (TCP, TLS for https) and spawns
-/// its driver; it lives until the sender is dropped or either side closes.
-async fn connect(
-    connector: &HttpsConnector<HttpConnector>,
-    base: &str,
-) -> Result<SendRequest<Body>, H2Failure> {
-    let uri: Uri = base.parse().map_err(|e| H2Failure::Connect(Box::new(e)))?;
-    let io = connector
-        .clone()
-        .oneshot(uri)
-        .await
-        .map_err(H2Failure::Connect)?;
-    let (sender, conn) = hyper::client::conn::http1::Builder::new()
-        .handshake(io)
-        .await
-        .map_err(|e| H2Failure::Connect(Box::new(e)))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "upstream connection ended");
+/// Empties `side`'s slot if it still keeps connection `id`, ready and idle
+/// for [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
+fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) {
+    let Some(slots) = owner.upgrade() else {
+        return;
+    };
+    let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
+    let slot = &mut slots[side as usize];
+    if let Slot::Idle(k) = slot {
+        if k.id == id && k.sender.is_ready() && k.since.elapsed() >= POOL_IDLE_TIMEOUT {
+            *slot = Slot::Empty;
         }
-    });
-    Ok(sender)
+    }
 }

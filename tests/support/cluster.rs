@@ -44,6 +44,8 @@ struct AppState {
     n: usize,
     log: Mutex<Vec<Executed>>,
     accepts: AtomicUsize,
+    /// The ports of the connections open now (the gateway's side).
+    open: Mutex<std::collections::HashSet<u16>>,
     /// The SSE handler waits on this before writing event 2.
     sse_next: Notify,
     /// Handlers that wait (`/slow`) are released by this.
@@ -75,6 +77,7 @@ impl TestApp {
             n,
             log: Mutex::new(Vec::new()),
             accepts: AtomicUsize::new(0),
+            open: Mutex::default(),
             sse_next: Notify::new(),
             release_slow: Notify::new(),
             healthy: std::sync::atomic::AtomicBool::new(true),
@@ -86,8 +89,10 @@ impl TestApp {
                     continue;
                 };
                 st.accepts.fetch_add(1, Ordering::SeqCst);
+                st.open.lock().unwrap().insert(from.port());
                 let st = st.clone();
                 tokio::spawn(async move {
+                    let open = st.clone();
                     let svc = hyper::service::service_fn(move |mut req: Request<Incoming>| {
                         req.extensions_mut().insert(FromPort(from.port()));
                         let st = st.clone();
@@ -97,6 +102,7 @@ impl TestApp {
                     let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                         .serve_connection_with_upgrades(TokioIo::new(stream), svc)
                         .await;
+                    open.open.lock().unwrap().remove(&from.port());
                 });
             }
         });
@@ -117,6 +123,11 @@ impl TestApp {
 
     pub fn accepts(&self) -> usize {
         self.state.accepts.load(Ordering::SeqCst)
+    }
+
+    /// Whether the connection from `port` is open to the app now.
+    pub fn is_open_from(&self, port: u16) -> bool {
+        self.state.open.lock().unwrap().contains(&port)
     }
 
     /// Lets the SSE handler write its next event.
