@@ -120,25 +120,30 @@ pub(crate) async fn serve(
         let open = tracker.enter();
         let (state, tls, mut conn_stop) = (state.clone(), tls.clone(), stop.clone());
         let exchanges = exchanges.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let _open = open;
-            // The handshake runs here, in the connection's task, never in the accept loop.
-            match tls {
-                None => {
-                    let facts = ConnectionFacts::plain(client);
-                    let serving = (state, exchanges, limits);
+        // One task per connection; a plain connection's task is sized for
+        // plain serving only (the TLS handshake would more than double it).
+        match tls {
+            None => {
+                let facts = ConnectionFacts::plain(client);
+                let serving = (state, exchanges, limits);
+                let fut = async move {
+                    let _held = (slot, open);
                     serve_connection(stream, facts, serving, conn_stop).await
-                }
-                Some(tls) => {
+                };
+                tokio::spawn(fut);
+            }
+            Some(tls) => {
+                tokio::spawn(async move {
+                    let _held = (slot, open);
+                    // The handshake runs here, in the connection's task, never in the accept loop.
                     let handshake = tls.handshake(stream, client, &mut conn_stop).await;
                     if let Some((stream, facts)) = handshake {
                         let serving = (state, exchanges, limits);
                         serve_connection(stream, facts, serving, conn_stop).await
                     }
-                }
+                });
             }
-        });
+        }
     }
 }
 
@@ -195,7 +200,10 @@ async fn serve_connection<S>(
         async move {
             // Never closed, so acquiring only waits.
             let exchange = exchanges.acquire_owned().await.ok();
-            let resp = state.handle(req, conn).await;
+            // Boxed for the request's lifetime only: hyper keeps the slot
+            // for a request's future as long as the connection, and this
+            // one is 4.4 KB (the forwarding futures in it).
+            let resp = Box::pin(state.handle(req, conn)).await;
             Ok::<_, Infallible>(hold_until_streamed(resp, exchange))
         }
     });
