@@ -454,10 +454,11 @@ def render(res, args):
             w("%d streams were closed by the gateway after opening, before the client closed them." % sse["dropped"])
             w("")
         worst = max(sse["per_stream_kib"].values())
-        targets.append(("≤ 20 KiB gateway memory per open SSE stream",
-                        "forwarder %.1f KiB, holder %.1f KiB (%s streams)" % (
+        targets.append(("≤ 16 KiB gateway memory per open SSE stream, 0 failed",
+                        "forwarder %.1f KiB, holder %.1f KiB (%s streams, %d failed)" % (
                             sse["per_stream_kib"]["forwarder"], sse["per_stream_kib"]["holder"],
-                            fmt_num(sse["opened"])), worst <= 20.0 if sse["opened"] >= 1000 else None))
+                            fmt_num(sse["opened"]), sse["failed"]),
+                        worst <= 16.0 and sse["failed"] == 0 if sse["opened"] >= 1000 else None))
 
     # ---------------------------------------------------------------- handover
     ho = res["sections"].get("handover")
@@ -624,6 +625,12 @@ def render(res, args):
         T.append("Section times: " + ", ".join("%s %s" % (k.replace("_", " "), dur(v)) for k, v in times.items())
                  + (("; build %s" % dur(args.build_seconds)) if args.build_seconds is not None else "") + ".")
         T.append("")
+    # What the profiles say is left where a target is missed: measured by
+    # hand (heaptrack, perf), so kept in a file of its own.
+    gaps = os.path.join(ROOT, "docs", "benchmarks-gaps.md")
+    if os.path.exists(gaps):
+        with open(gaps) as f:
+            T += f.read().rstrip().split("\n") + [""]
     at = L.index("## 1. Request path")
     L[at:at] = T
     w("## Reproduce")
