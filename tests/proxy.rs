@@ -736,3 +736,49 @@ async fn an_idle_client_connection_lets_its_own_upstream_connection_close() {
         "a new upstream connection for the next request"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_in_the_upstream_url_prefixes_every_request_on_every_connection_kind() {
+    let spec = ClusterSpec {
+        upstream_path: "/base".into(),
+        ..ClusterSpec::postgres("px_prefix")
+    };
+    let c = Cluster::start(spec).await;
+    // Each client connection's own upstream connection: keep-alive
+    // requests, an HTTP/1.0 request without Host, and a forwarded one
+    // through a non-holder (its own peer connection, then the holder's).
+    let mut client = one_connection(c.gws[0].port).await;
+    for path in ["/maintenance/p/1", "/plain/p/2"] {
+        let req = Request::get(path).header("host", "gateway.test");
+        let resp = client
+            .send_request(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
+        resp.into_body().collect().await.unwrap();
+    }
+    let raw = raw_exchange(c.gws[0].port, b"GET /plain/p/3 HTTP/1.0\r\n\r\n").await;
+    assert!(
+        raw.starts_with("HTTP/1.0 2") || raw.starts_with("HTTP/1.1 2"),
+        "{raw}"
+    );
+    let (status, _, _) = cluster::get(&format!("{}/maintenance/p/4", c.gws[2].url()))
+        .await
+        .unwrap();
+    assert!(status.is_success(), "{status}");
+    let seen: Vec<String> = c
+        .apps
+        .iter()
+        .flat_map(|a| a.executed())
+        .map(|e| e.path)
+        .filter(|p| p.contains("/p/"))
+        .collect();
+    for n in 1..=4 {
+        assert!(
+            seen.iter()
+                .any(|p| p.starts_with("/base/") && p.ends_with(&format!("/p/{n}"))),
+            "request {n} reached the app under /base: {seen:?}"
+        );
+    }
+    assert!(seen.iter().all(|p| p.starts_with("/base/")), "{seen:?}");
+}

@@ -163,19 +163,7 @@ impl Affinity {
                 .await
                 .map_err(NotSent::Failed)?,
         };
-        if !req.headers().contains_key(header::HOST) {
-            // An HTTP/1.0 client may send none; the address names the host.
-            let host = base.parse::<Uri>().ok().and_then(|u| {
-                let a = u.authority()?;
-                http::HeaderValue::from_str(a.as_str()).ok()
-            });
-            if let Some(host) = host {
-                req.headers_mut().insert(header::HOST, host);
-            }
-        }
-        if let Some(path) = req.uri().path_and_query().cloned() {
-            *req.uri_mut() = Uri::from(path);
-        }
+        to_origin_form(&mut req, base);
         match sender.try_send_request(req).await {
             Ok(resp) => {
                 lease.keep(base, (sender, id));
@@ -242,5 +230,57 @@ fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) {
         if k.id == id && k.sender.is_ready() && k.since.elapsed() >= POOL_IDLE_TIMEOUT {
             *slot = Slot::Empty;
         }
+    }
+}
+
+/// Points `req` (its URI the client's path and query) at `base` for an
+/// HTTP/1.1 connection already open to it: origin form, with the path of
+/// `base` in front (`http://app:8080/prefix` + `/a?b` is `/prefix/a?b`, as
+/// through the pool), and `Host` from `base` when the client sent none (an
+/// HTTP/1.0 client may not).
+fn to_origin_form(req: &mut Request<Body>, base: &str) {
+    let rest = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let (authority, prefix) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    if !req.headers().contains_key(header::HOST) {
+        if let Ok(host) = http::HeaderValue::from_str(authority) {
+            req.headers_mut().insert(header::HOST, host);
+        }
+    }
+    let Some(path) = req.uri().path_and_query() else {
+        return;
+    };
+    let origin = if prefix.is_empty() {
+        Some(Uri::from(path.clone()))
+    } else {
+        format!("{prefix}{path}").parse().ok()
+    };
+    if let Some(origin) = origin {
+        *req.uri_mut() = origin;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn origin(base: &str, uri: &str, host: Option<&str>) -> (String, String) {
+        let mut req = Request::get(uri);
+        if let Some(h) = host {
+            req = req.header(header::HOST, h);
+        }
+        let mut req = req.body(Body::empty()).unwrap();
+        to_origin_form(&mut req, base);
+        let host = req.headers()[header::HOST].to_str().unwrap().to_string();
+        (req.uri().to_string(), host)
+    }
+
+    #[test]
+    fn origin_form_keeps_the_base_path_and_fills_a_missing_host() {
+        let plain = origin("http://127.0.0.1:8080", "/a/b?c=1", Some("app.test"));
+        assert_eq!(plain, ("/a/b?c=1".into(), "app.test".into()));
+        let prefixed = origin("http://127.0.0.1:8080/gwA", "/r/who", None);
+        assert_eq!(prefixed, ("/gwA/r/who".into(), "127.0.0.1:8080".into()));
+        let tls = origin("https://app.internal/v1/", "/x", Some("h"));
+        assert_eq!(tls, ("/v1//x".into(), "h".into()));
     }
 }

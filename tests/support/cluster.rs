@@ -387,6 +387,8 @@ pub struct ClusterSpec {
     pub proxy_yaml: String,
     /// Lines appended under `upstream:` (indented two spaces).
     pub upstream_yaml: String,
+    /// A path after the app's address in `upstream.url` (`/prefix`).
+    pub upstream_path: String,
     /// Whether `start` waits for `/readyz` (else only for `/healthz`).
     pub wait_ready: bool,
     /// Arguments to the shell's `ulimit` before the gateway starts (`-S -n 256`).
@@ -412,6 +414,7 @@ impl ClusterSpec {
                 .into(),
             proxy_yaml: String::new(),
             upstream_yaml: String::new(),
+            upstream_path: String::new(),
             wait_ready: true,
             ulimit: None,
             balance: false,
@@ -438,6 +441,7 @@ impl ClusterSpec {
                 .into(),
             proxy_yaml: String::new(),
             upstream_yaml: String::new(),
+            upstream_path: String::new(),
             wait_ready: true,
             ulimit: None,
             balance: false,
@@ -564,7 +568,8 @@ impl GatewayProcess {
             }
         }
         let config = format!(
-            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}\n{}{}{}{}{}proxy:\n{proxy_defaults}{}",
+            "instance:\n  name: gw{n}\n  advertise: {advertise}\nlisten: 127.0.0.1:{port}\nadmin_listen: 127.0.0.1:{admin_port}\nupstream:\n  url: http://127.0.0.1:{app_port}{}\n{}{}{}{}{}proxy:\n{proxy_defaults}{}",
+            spec.upstream_path,
             spec.upstream_yaml, spec.store_yaml, spec.lease_yaml, routes_yaml, spec.extra_yaml, spec.proxy_yaml
         );
         let path = dir.join("rolegate.yaml");
