@@ -112,13 +112,16 @@ pub fn raise_nofile_limit() -> Option<u64> {
 }
 
 /// `max_connections` within the open-files limit: each proxied connection
-/// may need a second descriptor upstream, and some stay free for the admin
+/// may need two more descriptors upstream, and some stay free for the admin
 /// listener, the store and logs.
 pub fn connection_cap(max_connections: usize, nofile: Option<u64>) -> usize {
     const RESERVED: u64 = 64;
     match nofile {
         Some(n) => {
-            let fit = (n.saturating_sub(RESERVED) / 2).max(1) as usize;
+            // A served connection may hold three descriptors: its own, the
+            // upstream connection it keeps, and one for a request beyond it
+            // (another HTTP/2 stream, an upgrade) through the pool.
+            let fit = (n.saturating_sub(RESERVED) / 3).max(1) as usize;
             max_connections.min(fit)
         }
         None => max_connections,
@@ -145,7 +148,7 @@ mod tests {
         );
         b.reset();
         assert_eq!(b.delay, Duration::ZERO);
-        assert_eq!(connection_cap(10_000, Some(256)), 96);
+        assert_eq!(connection_cap(10_000, Some(256)), 64);
         assert_eq!(connection_cap(50, Some(256)), 50);
         assert_eq!(connection_cap(10_000, None), 10_000);
         assert_eq!(connection_cap(10_000, Some(10)), 1);

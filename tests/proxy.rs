@@ -749,6 +749,7 @@ async fn a_path_in_the_upstream_url_prefixes_every_request_on_every_connection_k
     // through a non-holder (its own peer connection, then the holder's).
     let mut client = one_connection(c.gws[0].port).await;
     for path in ["/maintenance/p/1", "/plain/p/2"] {
+        client.ready().await.unwrap();
         let req = Request::get(path).header("host", "gateway.test");
         let resp = client
             .send_request(req.body(Body::empty()).unwrap())

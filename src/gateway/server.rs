@@ -110,6 +110,9 @@ pub(crate) async fn serve(
     // behind `max_connections` (one client and one upstream descriptor each)
     // needs them counted apart from connections.
     let exchanges = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
+    // Upstream connections kept by client connections (`proxy::affine`),
+    // the third descriptor per connection of the open-files budget.
+    let kept = Arc::new(tokio::sync::Semaphore::new(limits.max_connections.max(1)));
     let mut accept_errors = AcceptBackoff::default();
     loop {
         let next = next_connection(&listener, &slots, &mut accept_errors, &mut stop);
@@ -119,7 +122,7 @@ pub(crate) async fn serve(
         let _ = stream.set_nodelay(true);
         let open = tracker.enter();
         let (state, tls, mut conn_stop) = (state.clone(), tls.clone(), stop.clone());
-        let exchanges = exchanges.clone();
+        let exchanges = (exchanges.clone(), kept.clone());
         // One task per connection; a plain connection's task is sized for
         // plain serving only (the TLS handshake would more than double it).
         match tls {
@@ -179,7 +182,11 @@ macro_rules! drive {
 async fn serve_connection<S>(
     stream: S,
     conn: ConnectionFacts,
-    (state, exchanges, limits): (Arc<GatewayState>, Arc<Semaphore>, ServeLimits),
+    (state, (exchanges, kept), limits): (
+        Arc<GatewayState>,
+        (Arc<Semaphore>, Arc<Semaphore>),
+        ServeLimits,
+    ),
     mut stop: Shutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -192,7 +199,7 @@ async fn serve_connection<S>(
     let first = Arc::new(AtomicBool::new(false));
     let seen = first.clone();
     // The upstream connections this client connection owns.
-    let affinity = Affinity::default();
+    let affinity = Affinity::new(kept);
     let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
         seen.store(true, Ordering::Release);
         req.extensions_mut().insert(affinity.clone());

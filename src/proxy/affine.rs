@@ -9,7 +9,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
 use std::time::{Duration, Instant};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use axum::body::Body;
 use http::{header, Request, Response, Uri};
@@ -37,8 +39,13 @@ pub(crate) enum Side {
 
 /// Request extension set by the listener: the upstream connections its
 /// client connection owns. Requests without it use the pool.
-#[derive(Clone, Default)]
-pub struct Affinity(Arc<Mutex<[Slot; 2]>>);
+#[derive(Clone)]
+pub struct Affinity {
+    slots: Arc<Mutex<[Slot; 2]>>,
+    /// Kept connections the worker may hold open at once; with none left,
+    /// requests use the pool (the open-files budget counts them).
+    kept: Arc<Semaphore>,
+}
 
 impl std::fmt::Debug for Affinity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -107,8 +114,17 @@ impl Drop for Lease<'_> {
 }
 
 impl Affinity {
+    /// A client connection's slots, drawing kept connections from `kept`
+    /// (one per worker).
+    pub(crate) fn new(kept: Arc<Semaphore>) -> Self {
+        Self {
+            slots: Arc::default(),
+            kept,
+        }
+    }
+
     fn slots(&self) -> MutexGuard<'_, [Slot; 2]> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The kept connection to `base` if it is ready now; `Ok(None)` when
@@ -157,12 +173,20 @@ impl Affinity {
         };
         let (mut sender, id) = match reuse {
             Some(owned) => owned,
-            // Boxed: the connect future is large and rarely run; unboxed it
-            // would be copied with every request's future.
-            None => Box::pin(self.connect(side, connector, base))
-                .await
-                .map_err(NotSent::Failed)?,
+            None => {
+                let Ok(permit) = self.kept.clone().try_acquire_owned() else {
+                    // The worker keeps as many as it may: the pool it is.
+                    return Err(NotSent::UsePool(Box::new(req)));
+                };
+                // Boxed: the connect future is large and rarely run; unboxed
+                // it would be copied with every request's future.
+                Box::pin(self.connect(side, connector, base, permit))
+                    .await
+                    .map_err(NotSent::Failed)?
+            }
         };
+        // The pool takes the client's URI, should the request come back.
+        let client_uri = req.uri().clone();
         to_origin_form(&mut req, base);
         match sender.try_send_request(req).await {
             Ok(resp) => {
@@ -170,7 +194,10 @@ impl Affinity {
                 Ok(resp.map(Body::new))
             }
             Err(mut e) => match e.take_message() {
-                Some(req) => Err(NotSent::UsePool(Box::new(req))),
+                Some(mut req) => {
+                    *req.uri_mut() = client_uri;
+                    Err(NotSent::UsePool(Box::new(req)))
+                }
                 None => Err(NotSent::Failed(H2Failure::Exchange(Box::new(
                     e.into_error(),
                 )))),
@@ -187,6 +214,7 @@ impl Affinity {
         side: Side,
         connector: &HttpsConnector<HttpConnector>,
         base: &str,
+        permit: OwnedSemaphorePermit,
     ) -> Result<Owned, H2Failure> {
         let uri: Uri = base.parse().map_err(|e| H2Failure::Connect(Box::new(e)))?;
         let io = connector
@@ -199,9 +227,12 @@ impl Affinity {
             .await
             .map_err(|e| H2Failure::Connect(Box::new(e)))?;
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let owner = Arc::downgrade(&self.0);
+        let owner = Arc::downgrade(&self.slots);
         tokio::spawn(async move {
+            // Counted against the worker's kept connections while open.
+            let _permit = permit;
             tokio::pin!(conn);
+            let mut next = POOL_IDLE_TIMEOUT;
             loop {
                 tokio::select! {
                     ended = &mut conn => {
@@ -210,7 +241,7 @@ impl Affinity {
                         }
                         return;
                     }
-                    _ = tokio::time::sleep(POOL_IDLE_TIMEOUT) => drop_if_idle(&owner, side, id),
+                    _ = tokio::time::sleep(next) => next = drop_if_idle(&owner, side, id),
                 }
             }
         });
@@ -220,17 +251,24 @@ impl Affinity {
 
 /// Empties `side`'s slot if it still keeps connection `id`, ready and idle
 /// for [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
-fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) {
+/// Returns when to look again: when it would have been idle that long.
+fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) -> Duration {
     let Some(slots) = owner.upgrade() else {
-        return;
+        return POOL_IDLE_TIMEOUT;
     };
     let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
     let slot = &mut slots[side as usize];
     if let Slot::Idle(k) = slot {
-        if k.id == id && k.sender.is_ready() && k.since.elapsed() >= POOL_IDLE_TIMEOUT {
-            *slot = Slot::Empty;
+        let idle = k.since.elapsed();
+        if k.id == id && k.sender.is_ready() {
+            if idle >= POOL_IDLE_TIMEOUT {
+                *slot = Slot::Empty;
+            } else {
+                return POOL_IDLE_TIMEOUT - idle;
+            }
         }
     }
+    POOL_IDLE_TIMEOUT
 }
 
 /// Points `req` (its URI the client's path and query) at `base` for an
@@ -239,10 +277,10 @@ fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) {
 /// through the pool), and `Host` from `base` when the client sent none (an
 /// HTTP/1.0 client may not).
 fn to_origin_form(req: &mut Request<Body>, base: &str) {
-    let rest = base.split_once("://").map_or(base, |(_, rest)| rest);
+    let (scheme, rest) = base.split_once("://").unwrap_or(("http", base));
     let (authority, prefix) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
     if !req.headers().contains_key(header::HOST) {
-        if let Ok(host) = http::HeaderValue::from_str(authority) {
+        if let Ok(host) = http::HeaderValue::from_str(host_of(scheme, authority)) {
             req.headers_mut().insert(header::HOST, host);
         }
     }
@@ -257,6 +295,20 @@ fn to_origin_form(req: &mut Request<Body>, base: &str) {
     if let Some(origin) = origin {
         *req.uri_mut() = origin;
     }
+}
+
+/// `Host` for an authority, as the pool writes it: no user information,
+/// no default port.
+fn host_of<'a>(scheme: &str, authority: &'a str) -> &'a str {
+    let host = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let default = if scheme.eq_ignore_ascii_case("https") {
+        ":443"
+    } else {
+        ":80"
+    };
+    host.strip_suffix(default).unwrap_or(host)
 }
 
 #[cfg(test)]
@@ -282,5 +334,9 @@ mod tests {
         assert_eq!(prefixed, ("/gwA/r/who".into(), "127.0.0.1:8080".into()));
         let tls = origin("https://app.internal/v1/", "/x", Some("h"));
         assert_eq!(tls, ("/v1//x".into(), "h".into()));
+        let user = origin("http://user:pw@app.internal:80", "/y", None);
+        assert_eq!(user, ("/y".into(), "app.internal".into()));
+        let port = origin("https://app.internal:8443", "/z", None);
+        assert_eq!(port, ("/z".into(), "app.internal:8443".into()));
     }
 }

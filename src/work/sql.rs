@@ -150,9 +150,10 @@ impl Statements {
 /// one conditional `UPDATE` that restates the predicate. PostgreSQL locks
 /// the picked rows in the subquery and skips rows another statement holds:
 /// an `UPDATE` that locked rows one by one in plan order could deadlock
-/// against a concurrent claim or `complete_all` (SQLSTATE 40P01). The lock
-/// lasts this one statement; `ARRAY(...)` runs the subquery once. SQLite
-/// has one writer at a time.
+/// against a concurrent claim or `complete_all` (SQLSTATE 40P01). Row locks
+/// last until the transaction ends, and the claim runs as a transaction of
+/// its own, so they last this one statement; `ARRAY(...)` runs the subquery
+/// once. SQLite has one writer at a time.
 fn claim_statement(
     d: Dialect,
     table: &str,
