@@ -40,7 +40,7 @@ pub(crate) enum Side {
 /// Request extension set by the listener: the upstream connections its
 /// client connection owns. Requests without it use the pool.
 #[derive(Clone)]
-pub struct Affinity {
+pub(crate) struct Affinity {
     slots: Arc<Mutex<[Slot; 2]>>,
     /// Kept connections the worker may hold open at once; with none left,
     /// requests use the pool (the open-files budget counts them).

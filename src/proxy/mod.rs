@@ -1,7 +1,7 @@
 //! The proxy: route table and keys, the holder decision, forwarding, header
 //! rules, problem answers and the tower layers.
 
-pub mod affine;
+pub(crate) mod affine;
 pub mod canonical;
 pub mod defaults;
 pub mod forward;
@@ -16,7 +16,7 @@ pub mod problem;
 pub mod routes;
 pub mod trust;
 
-pub use affine::Affinity;
+pub(crate) use affine::Affinity;
 pub use forward::{ForwardError, Forwarder, HopProtocol};
 pub use gate::{failure_problem, NextHop, Settled};
 pub use keys::{KeyExtractor, KeySource};
