@@ -393,12 +393,29 @@ async fn roles_released_for_bad_health_say_so_everywhere_an_operator_looks() {
     for app in &apps {
         app.set_healthy(false);
     }
-    support::wait_for_async("nobody holds anything", Duration::from_secs(5), || async {
-        let (a, b) = (gws[0].held().await, gws[1].held().await);
-        a.values().chain(b.values()).all(|h| !h.0)
-    })
-    .await;
     let why = "the app failed 2 health probes of /healthz in a row";
+    // Both must have withdrawn: in the moment between one gateway's release
+    // and the other's withdrawal, the other may still take the role.
+    support::wait_for_async(
+        "both withdraw and nobody holds anything",
+        Duration::from_secs(5),
+        || async {
+            let mut all = true;
+            for g in &gws {
+                let v = g.leases().await;
+                all &= v["instance"]["not_candidate_because"] == why;
+                all &= g.held().await.values().all(|h| !h.0);
+                // Nor does either still see a holder of the role.
+                all &= v["roles"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|r| r["role"] != "maintenance" || r["holder_address"].is_null());
+            }
+            all
+        },
+    )
+    .await;
     let (status, _, body) = cluster::get(&format!("{}/maintenance/x", gws[0].url()))
         .await
         .unwrap();
