@@ -32,10 +32,7 @@ async fn h2c(port: u16) -> Result<SendRequest<Body>, String> {
 }
 
 /// One exchange: status, headers, body and trailers.
-async fn exchange(
-    sender: &mut SendRequest<Body>,
-    req: Request<Body>,
-) -> Result<(StatusCode, HeaderMap, Bytes, Option<HeaderMap>), String> {
+async fn exchange(sender: &mut SendRequest<Body>, req: Request<Body>) -> Exchanged {
     sender.ready().await.map_err(|e| e.to_string())?;
     let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
     let (parts, body) = resp.into_parts();
@@ -51,6 +48,22 @@ async fn release_until_done<T>(app: &TestApp, calls: &[tokio::task::JoinHandle<T
         app.release_slow();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Status, head, body and trailers of one exchange.
+type Exchanged = Result<(StatusCode, HeaderMap, Bytes, Option<HeaderMap>), String>;
+
+/// Ten concurrent `/maintenance/{i}/slow` streams on `h2`, each in a task.
+fn ten_slow_streams(h2: &SendRequest<Body>) -> Vec<tokio::task::JoinHandle<Exchanged>> {
+    (0..10)
+        .map(|i| {
+            let mut s = h2.clone();
+            tokio::spawn(async move {
+                let uri = format!("http://app.test/maintenance/{i}/slow");
+                exchange(&mut s, get(&uri)).await
+            })
+        })
+        .collect()
 }
 
 fn get(uri: &str) -> Request<Body> {
@@ -209,17 +222,7 @@ async fn the_stream_limit_caps_the_streams_an_app_sees_at_once() {
     let _ = exchange(&mut h2, get("http://app.test/plain/first"))
         .await
         .unwrap();
-    let mut calls = Vec::new();
-    for i in 0..10 {
-        let mut s = h2.clone();
-        calls.push(tokio::spawn(async move {
-            exchange(
-                &mut s,
-                get(&format!("http://app.test/maintenance/{i}/slow")),
-            )
-            .await
-        }));
-    }
+    let calls = ten_slow_streams(&h2);
     support::wait_for(
         "4 slow requests at the holder's app",
         Duration::from_secs(10),
@@ -431,17 +434,7 @@ async fn requests_in_flight_over_http2_count_against_max_connections() {
     let _ = exchange(&mut h2, get("http://app.test/plain/first"))
         .await
         .unwrap();
-    let mut calls = Vec::new();
-    for i in 0..10 {
-        let mut s = h2.clone();
-        calls.push(tokio::spawn(async move {
-            exchange(
-                &mut s,
-                get(&format!("http://app.test/maintenance/{i}/slow")),
-            )
-            .await
-        }));
-    }
+    let calls = ten_slow_streams(&h2);
     let slow = || {
         app.executed_paths()
             .iter()

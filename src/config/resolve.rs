@@ -184,6 +184,8 @@ pub(super) enum UrlError {
     Scheme(String),
     #[error("`{0}` has no host")]
     NoHost(String),
+    #[error("`{0}` has a query (`?…`); a path prefix is all a base URL may add")]
+    Query(String),
 }
 
 pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
@@ -196,6 +198,11 @@ pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
     }
     if uri.host().is_none() {
         return Err(UrlError::NoHost(shown));
+    }
+    // Every request's path is appended: a query here would end up in the
+    // middle of the app's path.
+    if uri.query().is_some() {
+        return Err(UrlError::Query(shown));
     }
     Ok(())
 }

@@ -182,6 +182,11 @@ fn keys_parse_in_all_forms() {
 fn bad_listen_and_upstream_are_refused() {
     assert_eq!(refused("listen: nowhere\n").key, "listen");
     assert_eq!(refused("upstream:\n  url: ftp://x\n").key, "upstream.url");
+    let q = refused("upstream:\n  url: http://127.0.0.1:8080/api?v=2\n");
+    assert_eq!(q.key, "upstream.url");
+    assert!(q.to_string().contains("has a query"), "{q}");
+    let q = refused("instance:\n  name: a\n  advertise: http://10.0.0.1:8080/?x\n");
+    assert_eq!(q.key, "instance.advertise");
     assert_eq!(refused("store:\n  kind: mongo\n").key, "store.kind");
     assert_eq!(refused("store:\n  kind: postgres\n").key, "store.url");
 }

@@ -187,7 +187,11 @@ impl Affinity {
         };
         // The pool takes the client's URI, should the request come back.
         let client_uri = req.uri().clone();
-        to_origin_form(&mut req, base);
+        if !to_origin_form(&mut req, base) {
+            // The pool answers what cannot be addressed (`BadTarget`); this
+            // connection is let go (the lease empties its slot).
+            return Err(NotSent::UsePool(Box::new(req)));
+        }
         match sender.try_send_request(req).await {
             Ok(resp) => {
                 lease.keep(base, (sender, id));
@@ -275,26 +279,29 @@ fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) -> Duration
 /// HTTP/1.1 connection already open to it: origin form, with the path of
 /// `base` in front (`http://app:8080/prefix` + `/a?b` is `/prefix/a?b`, as
 /// through the pool), and `Host` from `base` when the client sent none (an
-/// HTTP/1.0 client may not).
-fn to_origin_form(req: &mut Request<Body>, base: &str) {
+/// HTTP/1.0 client may not). False, and `req` untouched, when no such URI
+/// can be built: the request is never sent to another path than asked.
+fn to_origin_form(req: &mut Request<Body>, base: &str) -> bool {
     let (scheme, rest) = base.split_once("://").unwrap_or(("http", base));
     let (authority, prefix) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+    let Some(path) = req.uri().path_and_query() else {
+        return false;
+    };
+    let origin = if prefix.is_empty() {
+        Uri::from(path.clone())
+    } else {
+        match format!("{prefix}{path}").parse() {
+            Ok(origin) => origin,
+            Err(_) => return false,
+        }
+    };
+    *req.uri_mut() = origin;
     if !req.headers().contains_key(header::HOST) {
         if let Ok(host) = http::HeaderValue::from_str(host_of(scheme, authority)) {
             req.headers_mut().insert(header::HOST, host);
         }
     }
-    let Some(path) = req.uri().path_and_query() else {
-        return;
-    };
-    let origin = if prefix.is_empty() {
-        Some(Uri::from(path.clone()))
-    } else {
-        format!("{prefix}{path}").parse().ok()
-    };
-    if let Some(origin) = origin {
-        *req.uri_mut() = origin;
-    }
+    true
 }
 
 /// `Host` for an authority, as the pool writes it: no user information,
@@ -321,9 +328,19 @@ mod tests {
             req = req.header(header::HOST, h);
         }
         let mut req = req.body(Body::empty()).unwrap();
-        to_origin_form(&mut req, base);
+        assert!(to_origin_form(&mut req, base), "{base} + {uri}");
         let host = req.headers()[header::HOST].to_str().unwrap().to_string();
         (req.uri().to_string(), host)
+    }
+
+    #[test]
+    fn a_uri_without_a_path_is_left_to_the_pool_untouched() {
+        // Authority form (CONNECT's): refused before forwarding, and here too.
+        let mut req = Request::get("app.test:443").body(Body::empty()).unwrap();
+        assert!(req.uri().path_and_query().is_none());
+        assert!(!to_origin_form(&mut req, "http://127.0.0.1:8080/pre"));
+        assert_eq!(req.uri(), "app.test:443");
+        assert!(!req.headers().contains_key(header::HOST));
     }
 
     #[test]
