@@ -150,15 +150,17 @@ pub(crate) async fn serve(
     }
 }
 
-/// Runs a served connection until it ends, idles out, or shutdown drains
-/// it. (A macro: hyper's two connection types share no trait for
+/// Runs a served connection, and the upstream connections it owns, until it
+/// ends, idles out, or shutdown drains it, in one task (see
+/// `Drive::around`). (A macro: hyper's two connection types share no trait for
 /// `graceful_shutdown`.)
 macro_rules! drive {
-    ($conn:expr, $progress:expr, $idle:expr, $stop:expr, $first:expr) => {{
+    ($conn:expr, $upstream:expr, $progress:expr, $idle:expr, $stop:expr, $first:expr) => {{
         let conn = $conn;
         tokio::pin!(conn);
+        let upstream = &mut $upstream;
         tokio::select! {
-            r = conn.as_mut() => r.map_err(|e| e.to_string()),
+            r = upstream.around(conn.as_mut()) => r.map_err(|e| e.to_string()),
             _ = no_request_within(&$first, HEADER_READ_TIMEOUT) => {
                 tracing::debug!("no request head within the header read timeout; closing");
                 Ok(())
@@ -170,7 +172,7 @@ macro_rules! drive {
             _ = $stop.recv() => {
                 conn.as_mut().graceful_shutdown();
                 tokio::select! {
-                    r = conn.as_mut() => r.map_err(|e| e.to_string()),
+                    r = upstream.around(conn.as_mut()) => r.map_err(|e| e.to_string()),
                     _ = $progress.idle_for($idle) => Ok(()),
                 }
             }
@@ -198,8 +200,8 @@ async fn serve_connection<S>(
     // its preface and then nothing.
     let first = Arc::new(AtomicBool::new(false));
     let seen = first.clone();
-    // The upstream connections this client connection owns.
-    let affinity = Affinity::new(kept);
+    // The upstream connections this client connection owns, driven here.
+    let (affinity, mut upstream) = Affinity::new(kept);
     let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
         seen.store(true, Ordering::Release);
         req.extensions_mut().insert(affinity.clone());
@@ -221,13 +223,13 @@ async fn serve_connection<S>(
     let result = if limits.http2.enabled {
         let builder = connection_builder(limits.http2);
         let conn = builder.serve_connection_with_upgrades(io, service);
-        drive!(conn, progress, limits.idle_timeout, stop, first)
+        drive!(conn, upstream, progress, limits.idle_timeout, stop, first)
     } else {
         // auto::Builder::http1_only is ignored once upgrades are served.
         let conn = http1_builder()
             .serve_connection(io, service)
             .with_upgrades();
-        drive!(conn, progress, limits.idle_timeout, stop, first)
+        drive!(conn, upstream, progress, limits.idle_timeout, stop, first)
     };
     if let Err(e) = result {
         tracing::debug!(%client, error = %e, "connection ended with an error");

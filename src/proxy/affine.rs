@@ -1,17 +1,25 @@
 //! Connection-affine HTTP/1.1 upstream connections: a client connection owns
 //! the upstream connection its requests go out on (one to the app, one to a
 //! peer gateway), so a keep-alive client's requests skip the shared pool:
-//! no checkout, no pool key hashed, no pool lock. A request that finds its
-//! connection busy (another HTTP/2 stream is on it, or the last response is
-//! still streaming), kept for another address, or closed goes through the
-//! worker's pool instead, and so does a request on a connection idle longer
-//! than the pool's idle timeout (the app may be closing it).
+//! no checkout, no pool key hashed, no pool lock. The client connection's
+//! task drives them ([`Drive`]), so a response is read, handed over and
+//! written back in one task, with no task of their own to wake. A request
+//! that finds its connection busy (another HTTP/2 stream is on it, or the
+//! last response is still streaming), kept for another address, or closed
+//! goes through the worker's pool instead, and so does a request on a
+//! connection idle longer than the pool's idle timeout (the app may be
+//! closing it).
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Sleep;
 
 use axum::body::Body;
 use http::{header, Request, Response, Uri};
@@ -41,7 +49,7 @@ pub(crate) enum Side {
 /// client connection owns. Requests without it use the pool.
 #[derive(Clone)]
 pub(crate) struct Affinity {
-    slots: Arc<Mutex<[Slot; 2]>>,
+    owner: Arc<Owner>,
     /// Kept connections the worker may hold open at once; with none left,
     /// requests use the pool (the open-files budget counts them).
     kept: Arc<Semaphore>,
@@ -51,6 +59,24 @@ impl std::fmt::Debug for Affinity {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Affinity").finish_non_exhaustive()
     }
+}
+
+/// What a client connection's requests and its task share.
+#[derive(Default)]
+struct Owner {
+    slots: Mutex<[Slot; 2]>,
+    drivers: Mutex<Drivers>,
+    /// A request was handed to a kept connection, or one was opened, since
+    /// the drive last ran.
+    queued: AtomicBool,
+}
+
+/// The kept connections' futures, polled by the client connection's task.
+#[derive(Default)]
+struct Drivers {
+    running: Vec<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// The client connection's task, woken to drive a new connection.
+    task: Option<Waker>,
 }
 
 #[derive(Default)]
@@ -67,15 +93,7 @@ struct Kept {
     sender: SendRequest<Body>,
     /// When its last response head came.
     since: Instant,
-    /// Which connection (its driver looks for it to close it when idle).
-    id: u64,
 }
-
-/// Connection ids, so a driver finds its own connection in a slot.
-static NEXT_ID: AtomicU64 = AtomicU64::new(0);
-
-/// A kept connection's sender and id.
-type Owned = (SendRequest<Body>, u64);
 
 /// Why [`Affinity::send`] did not answer.
 pub(crate) enum NotSent {
@@ -94,13 +112,12 @@ struct Lease<'a> {
 }
 
 impl Lease<'_> {
-    fn keep(mut self, base: &str, (sender, id): (SendRequest<Body>, u64)) {
+    fn keep(mut self, base: &str, sender: SendRequest<Body>) {
         self.kept = true;
         self.owner.slots()[self.side as usize] = Slot::Idle(Kept {
             base: base.into(),
             sender,
             since: Instant::now(),
-            id,
         });
     }
 }
@@ -115,22 +132,25 @@ impl Drop for Lease<'_> {
 
 impl Affinity {
     /// A client connection's slots, drawing kept connections from `kept`
-    /// (one per worker).
-    pub(crate) fn new(kept: Arc<Semaphore>) -> Self {
-        Self {
-            slots: Arc::default(),
-            kept,
-        }
+    /// (one per worker), and the future its task must poll, beside the
+    /// connection itself, to drive them.
+    pub(crate) fn new(kept: Arc<Semaphore>) -> (Self, Drive) {
+        let owner = Arc::new(Owner::default());
+        let drive = Drive {
+            owner: owner.clone(),
+            idle_check: None,
+        };
+        (Self { owner, kept }, drive)
     }
 
     fn slots(&self) -> MutexGuard<'_, [Slot; 2]> {
-        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+        self.owner.slots()
     }
 
     /// The kept connection to `base` if it is ready now; `Ok(None)` when
     /// there is none to reuse and one should be opened; `Err` when the slot
     /// is busy or kept for another live address (use the pool).
-    fn begin(&self, side: Side, base: &str) -> Result<(Lease<'_>, Option<Owned>), ()> {
+    fn begin(&self, side: Side, base: &str) -> Result<(Lease<'_>, Option<SendRequest<Body>>), ()> {
         let mut slots = self.slots();
         let slot = &mut slots[side as usize];
         let reuse = match std::mem::take(slot) {
@@ -147,7 +167,7 @@ impl Affinity {
                 return Err(());
             }
             Slot::Idle(k) if k.since.elapsed() >= POOL_IDLE_TIMEOUT => None,
-            Slot::Idle(k) => Some((k.sender, k.id)),
+            Slot::Idle(k) => Some(k.sender),
         };
         *slot = Slot::InUse;
         let lease = Lease {
@@ -171,7 +191,7 @@ impl Affinity {
         let Ok((lease, reuse)) = self.begin(side, base) else {
             return Err(NotSent::UsePool(Box::new(req)));
         };
-        let (mut sender, id) = match reuse {
+        let mut sender = match reuse {
             Some(owned) => owned,
             None => {
                 let Ok(permit) = self.kept.clone().try_acquire_owned() else {
@@ -180,7 +200,7 @@ impl Affinity {
                 };
                 // Boxed: the connect future is large and rarely run; unboxed
                 // it would be copied with every request's future.
-                Box::pin(self.connect(side, connector, base, permit))
+                Box::pin(self.connect(connector, base, permit))
                     .await
                     .map_err(NotSent::Failed)?
             }
@@ -192,9 +212,12 @@ impl Affinity {
             // connection is let go (the lease empties its slot).
             return Err(NotSent::UsePool(Box::new(req)));
         }
-        match sender.try_send_request(req).await {
+        let sent = sender.try_send_request(req);
+        // Queued: the client connection's task writes it out on this turn.
+        self.owner.queued.store(true, Ordering::Relaxed);
+        match sent.await {
             Ok(resp) => {
-                lease.keep(base, (sender, id));
+                lease.keep(base, sender);
                 Ok(resp.map(Body::new))
             }
             Err(mut e) => match e.take_message() {
@@ -208,18 +231,17 @@ impl Affinity {
             },
         }
     }
-    /// Opens an HTTP/1.1 connection to `base` (TCP, TLS for https) and
-    /// spawns its driver. The connection lives until its sender is dropped
-    /// (the client connection closed, or it was replaced) or either side
-    /// closes it; idle in its slot for [`POOL_IDLE_TIMEOUT`], it is dropped
-    /// from there, as the pool would close it.
+    /// Opens an HTTP/1.1 connection to `base` (TCP, TLS for https) for
+    /// the client connection's task to drive. It lives until its sender is
+    /// dropped (the client connection closed, or it was replaced) or either
+    /// side closes it; idle in its slot for [`POOL_IDLE_TIMEOUT`], it is
+    /// dropped from there, as the pool would close it.
     async fn connect(
         &self,
-        side: Side,
         connector: &HttpsConnector<HttpConnector>,
         base: &str,
         permit: OwnedSemaphorePermit,
-    ) -> Result<Owned, H2Failure> {
+    ) -> Result<SendRequest<Body>, H2Failure> {
         let uri: Uri = base.parse().map_err(|e| H2Failure::Connect(Box::new(e)))?;
         let io = connector
             .clone()
@@ -230,49 +252,153 @@ impl Affinity {
             .handshake(io)
             .await
             .map_err(|e| H2Failure::Connect(Box::new(e)))?;
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let owner = Arc::downgrade(&self.slots);
-        tokio::spawn(async move {
+        self.owner.adopt(Box::pin(async move {
             // Counted against the worker's kept connections while open.
             let _permit = permit;
-            tokio::pin!(conn);
-            let mut next = POOL_IDLE_TIMEOUT;
-            loop {
-                tokio::select! {
-                    ended = &mut conn => {
-                        if let Err(e) = ended {
-                            tracing::debug!(error = %e, "upstream connection ended");
-                        }
-                        return;
-                    }
-                    _ = tokio::time::sleep(next) => next = drop_if_idle(&owner, side, id),
-                }
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended");
             }
-        });
-        Ok((sender, id))
+        }));
+        Ok(sender)
     }
 }
 
-/// Empties `side`'s slot if it still keeps connection `id`, ready and idle
-/// for [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
-/// Returns when to look again: when it would have been idle that long.
-fn drop_if_idle(owner: &Weak<Mutex<[Slot; 2]>>, side: Side, id: u64) -> Duration {
-    let Some(slots) = owner.upgrade() else {
-        return POOL_IDLE_TIMEOUT;
-    };
-    let mut slots = slots.lock().unwrap_or_else(|p| p.into_inner());
-    let slot = &mut slots[side as usize];
-    if let Slot::Idle(k) = slot {
-        let idle = k.since.elapsed();
-        if k.id == id && k.sender.is_ready() {
-            if idle >= POOL_IDLE_TIMEOUT {
-                *slot = Slot::Empty;
-            } else {
-                return POOL_IDLE_TIMEOUT - idle;
-            }
+impl Owner {
+    fn slots(&self) -> MutexGuard<'_, [Slot; 2]> {
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn drivers(&self) -> MutexGuard<'_, Drivers> {
+        self.drivers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands a new connection to the client connection's task.
+    fn adopt(&self, driver: Pin<Box<dyn Future<Output = ()> + Send>>) {
+        let mut drivers = self.drivers();
+        drivers.running.push(driver);
+        self.queued.store(true, Ordering::Relaxed);
+        // The request that opened it may run in another task (an HTTP/2
+        // stream's), or ahead of the driving in this one.
+        if let Some(task) = &drivers.task {
+            task.wake_by_ref();
         }
     }
-    POOL_IDLE_TIMEOUT
+
+    /// Polls every kept connection; true while any is open.
+    fn poll_drivers(&self, cx: &mut Context<'_>) -> bool {
+        let mut drivers = self.drivers();
+        if !drivers
+            .task
+            .as_ref()
+            .is_some_and(|t| t.will_wake(cx.waker()))
+        {
+            drivers.task = Some(cx.waker().clone());
+        }
+        drivers
+            .running
+            .retain_mut(|d| d.as_mut().poll(cx).is_pending());
+        !drivers.running.is_empty()
+    }
+
+    /// Empties each slot whose connection has been ready and idle for
+    /// [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
+    /// Returns when to look again: when the next would have been idle that
+    /// long.
+    fn drop_idle(&self) -> Duration {
+        let mut next = POOL_IDLE_TIMEOUT;
+        for slot in self.slots().iter_mut() {
+            if let Slot::Idle(k) = slot {
+                let idle = k.since.elapsed();
+                if !k.sender.is_ready() {
+                    // Still streaming: look again in a while.
+                } else if idle >= POOL_IDLE_TIMEOUT {
+                    *slot = Slot::Empty;
+                } else {
+                    next = next.min(POOL_IDLE_TIMEOUT - idle);
+                }
+            }
+        }
+        next
+    }
+}
+
+/// Drives a client connection's kept upstream connections in the client
+/// connection's own task, which polls it beside the connection (first, so
+/// a response read here reaches the request in the same turn), and drops
+/// one idle for [`POOL_IDLE_TIMEOUT`]. Never completes; dropped with the
+/// client connection, it closes them (a request still waiting on one, in
+/// an HTTP/2 stream's task, gets an error rather than waiting forever).
+pub(crate) struct Drive {
+    owner: Arc<Owner>,
+    /// The next look for idle connections, while any is open.
+    idle_check: Option<Pin<Box<Sleep>>>,
+}
+
+impl Future for Drive {
+    type Output = Infallible;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Infallible> {
+        let this = self.get_mut();
+        loop {
+            if !this.owner.poll_drivers(cx) {
+                this.idle_check = None;
+                return Poll::Pending;
+            }
+            let check = this
+                .idle_check
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(POOL_IDLE_TIMEOUT)));
+            if check.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let next = this.owner.drop_idle();
+            check.as_mut().reset(tokio::time::Instant::now() + next);
+            // A connection let go closes when next polled.
+        }
+    }
+}
+
+impl Drive {
+    /// `conn` (the client connection) polled between two turns of the
+    /// drive: the first hands a response read upstream to its request, the
+    /// second, run only if a request `conn` ran has queued an exchange,
+    /// writes that request out, in the same turn of the task.
+    pub(crate) fn around<'a, F: Future>(&'a mut self, conn: Pin<&'a mut F>) -> Around<'a, F> {
+        Around { drive: self, conn }
+    }
+
+    fn turn(&mut self, cx: &mut Context<'_>) {
+        // Never ready (the output is `Infallible`).
+        let _ = Pin::new(self).poll(cx);
+    }
+}
+
+/// See [`Drive::around`].
+pub(crate) struct Around<'a, F> {
+    drive: &'a mut Drive,
+    conn: Pin<&'a mut F>,
+}
+
+impl<F: Future> Future for Around<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        this.drive.owner.queued.store(false, Ordering::Relaxed);
+        this.drive.turn(cx);
+        let out = this.conn.as_mut().poll(cx);
+        if out.is_pending() && this.drive.owner.queued.swap(false, Ordering::Relaxed) {
+            this.drive.turn(cx);
+        }
+        out
+    }
+}
+
+impl Drop for Drive {
+    fn drop(&mut self) {
+        let running = std::mem::take(&mut self.owner.drivers().running);
+        let slots = std::mem::take(&mut *self.owner.slots());
+        drop((running, slots));
+    }
 }
 
 /// Points `req` (its URI the client's path and query) at `base` for an
@@ -321,6 +447,86 @@ fn host_of<'a>(scheme: &str, authority: &'a str) -> &'a str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{BufRead, BufReader, Write};
+
+    /// An app on a plain thread (outside the runtime, so the runtime's
+    /// tasks are rolegate's alone): answers each request on a connection
+    /// with `ok`, and reports each connection it accepted and each it saw
+    /// closed.
+    fn thread_app() -> (String, std::sync::mpsc::Receiver<&'static str>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let mut conn = conn.unwrap();
+                tx.send("accepted").unwrap();
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut line = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                        tx.send("closed").unwrap();
+                        break;
+                    }
+                    if line == "\r\n" {
+                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                        conn.write_all(ok).unwrap();
+                    }
+                }
+            }
+        });
+        (base, rx)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn kept_connections_are_driven_by_the_client_connection_task_alone() {
+        let (base, app) = thread_app();
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(HttpConnector::new());
+        let (affinity, mut drive) = Affinity::new(Arc::new(Semaphore::new(4)));
+        let tasks = || {
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks()
+        };
+        for _ in 0..3 {
+            let req = Request::get("/x").body(Body::empty()).unwrap();
+            // This task plays the client connection's: it polls the drive.
+            let sent = tokio::select! {
+                biased;
+                never = &mut drive => match never {},
+                sent = affinity.send(Side::App, &connector, &base, req) => sent,
+            };
+            let Ok(resp) = sent else {
+                panic!("the exchange failed")
+            };
+            assert_eq!(resp.status(), 200);
+            // The connection stays open with no task of its own.
+            assert_eq!(tasks(), 0, "a kept connection was given a task");
+        }
+        // One connection, reused (a second would have been accepted before
+        // its answer); closed with the client connection's task.
+        assert_eq!(app.recv().unwrap(), "accepted");
+        assert!(app.try_recv().is_err(), "the connection was not reused");
+        drop(drive);
+        let next = app.recv_timeout(Duration::from_secs(10));
+        assert_eq!(
+            next,
+            Ok("closed"),
+            "dropping the drive closes the connection"
+        );
+    }
 
     fn origin(base: &str, uri: &str, host: Option<&str>) -> (String, String) {
         let mut req = Request::get(uri);
