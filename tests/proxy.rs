@@ -737,6 +737,53 @@ async fn an_idle_client_connection_lets_its_own_upstream_connection_close() {
     );
 }
 
+/// GET `path` on `client`, expecting a success.
+async fn get_ok(client: &mut hyper::client::conn::http1::SendRequest<Body>, path: &str) {
+    client.ready().await.unwrap();
+    let req = Request::get(path).header("host", "gateway.test");
+    let resp = client.send_request(req.body(Body::empty()).unwrap()).await;
+    let resp = resp.unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.into_body().collect().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_its_kept_connection_cap_a_worker_sends_through_the_pool() {
+    // One worker that may keep one upstream connection (max_connections 1).
+    let spec = ClusterSpec::postgres("px_cap")
+        .with_workers(1)
+        .with_proxy("  max_connections: 1\n");
+    let c = Cluster::start(spec).await;
+    // Client A of the non-holder: its app request keeps the one connection,
+    // so its forwarded request finds none left and takes the pool's hop to
+    // the holder, which outlives A (a kept hop would close with A).
+    let mut a = one_connection(c.gws[1].port).await;
+    get_ok(&mut a, "/plain/cap/a").await;
+    get_ok(&mut a, "/maintenance/cap/a").await;
+    drop(a);
+    let kept = from_ports(&c.apps[1], "/plain/cap/a")[0];
+    support::wait_for(
+        "client A's kept app connection closes with it",
+        Duration::from_secs(10),
+        || !c.apps[1].is_open_from(kept),
+    )
+    .await;
+    // Client B, the same way: its forwarded request reuses the pooled hop,
+    // so the holder (serving that hop as one client connection) answers it
+    // on the same app connection as A's.
+    let mut b = one_connection(c.gws[1].port).await;
+    get_ok(&mut b, "/plain/cap/b").await;
+    get_ok(&mut b, "/maintenance/cap/b").await;
+    let holder_a = from_ports(&c.apps[0], "/maintenance/cap/a");
+    let holder_b = from_ports(&c.apps[0], "/maintenance/cap/b");
+    assert_eq!(
+        holder_a, holder_b,
+        "A's and B's forwarded requests shared the pool's hop to the holder"
+    );
+    // B's app request kept a connection of its own (A's closed).
+    assert_ne!(from_ports(&c.apps[1], "/plain/cap/b")[0], kept);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_in_the_upstream_url_prefixes_every_request_on_every_connection_kind() {
     let spec = ClusterSpec {

@@ -711,13 +711,17 @@ class Bench:
     def section_sse(self):
         requested = self.a.streams or 10000
         # Each gateway holds two descriptors per stream (client side and peer
-        # side); a process can have at most RLIMIT_NOFILE of them.
+        # side); a process can have at most RLIMIT_NOFILE of them, and a
+        # gateway fits proxy.max_connections to a third of it, less 64 (a
+        # client connection may hold two upstream descriptors). Streams
+        # beyond that would wait in the listen backlog.
         nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        n = min(requested, (nofile - 300) // 2)
+        n = min(requested, (nofile - 300) // 2, (nofile - 64) // 3 - 5)
         if n < requested:
             self.results["notes"].append(
                 "SSE: %d streams instead of %d: the open-file limit is %d per process and could not be "
-                "raised (no CAP_SYS_RESOURCE here), and a gateway needs two descriptors per stream."
+                "raised (no CAP_SYS_RESOURCE here), and a gateway serves at most a third of it, less 64, "
+                "as connections (`proxy.max_connections` is fitted to that)."
                 % (n, requested, nofile))
         hold = 3.0 if self.quick else 10.0
         rate = 1000 if self.quick else 2000
