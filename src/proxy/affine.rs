@@ -13,7 +13,6 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -29,6 +28,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
 use super::h2pool::H2Failure;
+use super::turns::Turns;
 
 /// Idle pooled connections are closed after this, below the 5 s keep-alive
 /// common in app servers, so a reused connection is rarely one the peer
@@ -66,9 +66,6 @@ impl std::fmt::Debug for Affinity {
 struct Owner {
     slots: Mutex<[Slot; 2]>,
     drivers: Mutex<Drivers>,
-    /// A request was handed to a kept connection, or one was opened, since
-    /// the drive last ran.
-    queued: AtomicBool,
 }
 
 /// The kept connections' futures, polled by the client connection's task.
@@ -139,6 +136,7 @@ impl Affinity {
         let drive = Drive {
             owner: owner.clone(),
             idle_check: None,
+            turns: Turns::default(),
         };
         (Self { owner, kept }, drive)
     }
@@ -212,10 +210,9 @@ impl Affinity {
             // connection is let go (the lease empties its slot).
             return Err(NotSent::UsePool(Box::new(req)));
         }
-        let sent = sender.try_send_request(req);
-        // Queued: the client connection's task writes it out on this turn.
-        self.owner.queued.store(true, Ordering::Relaxed);
-        match sent.await {
+        // Queued for the connection, which the drive's waker wakes, so the
+        // client connection's task writes it out in this same turn.
+        match sender.try_send_request(req).await {
             Ok(resp) => {
                 lease.keep(base, sender);
                 Ok(resp.map(Body::new))
@@ -276,7 +273,6 @@ impl Owner {
     fn adopt(&self, driver: Pin<Box<dyn Future<Output = ()> + Send>>) {
         let mut drivers = self.drivers();
         drivers.running.push(driver);
-        self.queued.store(true, Ordering::Relaxed);
         // The request that opened it may run in another task (an HTTP/2
         // stream's), or ahead of the driving in this one.
         if let Some(task) = &drivers.task {
@@ -323,15 +319,17 @@ impl Owner {
 }
 
 /// Drives a client connection's kept upstream connections in the client
-/// connection's own task, which polls it beside the connection (first, so
-/// a response read here reaches the request in the same turn), and drops
-/// one idle for [`POOL_IDLE_TIMEOUT`]. Never completes; dropped with the
-/// client connection, it closes them (a request still waiting on one, in
-/// an HTTP/2 stream's task, gets an error rather than waiting forever).
+/// connection's own task, which polls it with the connection
+/// ([`Drive::around`]), and drops one idle for [`POOL_IDLE_TIMEOUT`]. Never
+/// completes; dropped with the client connection, it closes them (a request
+/// still waiting on one, in an HTTP/2 stream's task, gets an error rather
+/// than waiting forever).
 pub(crate) struct Drive {
     owner: Arc<Owner>,
     /// The next look for idle connections, while any is open.
     idle_check: Option<Pin<Box<Sleep>>>,
+    /// The wakers of the kept connections and of the client connection.
+    turns: Turns,
 }
 
 impl Future for Drive {
@@ -339,36 +337,36 @@ impl Future for Drive {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Infallible> {
         let this = self.get_mut();
-        loop {
-            if !this.owner.poll_drivers(cx) {
-                this.idle_check = None;
-                return Poll::Pending;
-            }
-            let check = this
-                .idle_check
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(POOL_IDLE_TIMEOUT)));
-            if check.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            let next = this.owner.drop_idle();
-            check.as_mut().reset(tokio::time::Instant::now() + next);
-            // A connection let go closes when next polled.
+        turn(&this.owner, &mut this.idle_check, cx);
+        Poll::Pending
+    }
+}
+
+/// Polls every kept connection, and drops those idle too long.
+fn turn(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) {
+    loop {
+        if !owner.poll_drivers(cx) {
+            *idle_check = None;
+            return;
         }
+        let check =
+            idle_check.get_or_insert_with(|| Box::pin(tokio::time::sleep(POOL_IDLE_TIMEOUT)));
+        if check.as_mut().poll(cx).is_pending() {
+            return;
+        }
+        let next = owner.drop_idle();
+        check.as_mut().reset(tokio::time::Instant::now() + next);
+        // A connection let go closes when next polled.
     }
 }
 
 impl Drive {
-    /// `conn` (the client connection) polled between two turns of the
-    /// drive: the first hands a response read upstream to its request, the
-    /// second, run only if a request `conn` ran has queued an exchange,
-    /// writes that request out, in the same turn of the task.
+    /// `conn` (the client connection) and the kept connections polled in
+    /// turns ([`Turns`]): each only when its waker fired, and again within
+    /// the same turn of the task while one hands over to the other (a
+    /// request queued for a kept connection, a response read from it).
     pub(crate) fn around<'a, F: Future>(&'a mut self, conn: Pin<&'a mut F>) -> Around<'a, F> {
         Around { drive: self, conn }
-    }
-
-    fn turn(&mut self, cx: &mut Context<'_>) {
-        // Never ready (the output is `Infallible`).
-        let _ = Pin::new(self).poll(cx);
     }
 }
 
@@ -383,13 +381,17 @@ impl<F: Future> Future for Around<'_, F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        this.drive.owner.queued.store(false, Ordering::Relaxed);
-        this.drive.turn(cx);
-        let out = this.conn.as_mut().poll(cx);
-        if out.is_pending() && this.drive.owner.queued.swap(false, Ordering::Relaxed) {
-            this.drive.turn(cx);
-        }
-        out
+        let Drive {
+            owner,
+            idle_check,
+            turns,
+        } = &mut *this.drive;
+        let conn = &mut this.conn;
+        turns.poll(
+            cx,
+            |cx| turn(owner, idle_check, cx),
+            |cx| conn.as_mut().poll(cx),
+        )
     }
 }
 
