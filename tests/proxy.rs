@@ -737,6 +737,46 @@ async fn an_idle_client_connection_lets_its_own_upstream_connection_close() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_closes_idle_client_connections_at_once_not_at_the_drain_bound() {
+    // A long drain bound, so closing at once and closing at the bound differ.
+    let spec =
+        ClusterSpec::postgres("px_stop_idle").with_extra("shutdown:\n  drain_timeout: 60s\n");
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    // Idle keep-alive clients that each sent a request through an upstream
+    // connection of their own: HTTP/1.1, and h2c with prior knowledge.
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port)).await;
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp.unwrap()))
+        .await
+        .unwrap();
+    let h1_open = tokio::spawn(conn);
+    get_ok(&mut h1, "/plain/stop/h1").await;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", gw.port)).await;
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(executor, TokioIo::new(tcp.unwrap()))
+            .await
+            .unwrap();
+    let h2_open = tokio::spawn(conn);
+    let req = Request::get("http://gateway.test/plain/stop/h2").body(Body::empty());
+    let resp = h2.send_request(req.unwrap()).await.unwrap();
+    assert!(resp.status().is_success(), "h2: {}", resp.status());
+    resp.into_body().collect().await.unwrap();
+    assert_eq!(app.executed_paths().len(), 2);
+
+    gw.signal("TERM");
+    // The gateway closes an idle HTTP/1.1 connection, and sends GOAWAY on
+    // an idle HTTP/2 one, as soon as the stop begins.
+    for (which, open) in [("HTTP/1.1", h1_open), ("HTTP/2", h2_open)] {
+        let closed = tokio::time::timeout(Duration::from_secs(10), open).await;
+        assert!(
+            closed.is_ok(),
+            "the idle {which} connection still open 10 s after SIGTERM"
+        );
+    }
+}
+
 /// GET `path` on `client`, expecting a success.
 async fn get_ok(client: &mut hyper::client::conn::http1::SendRequest<Body>, path: &str) {
     client.ready().await.unwrap();

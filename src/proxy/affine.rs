@@ -74,6 +74,8 @@ struct Drivers {
     running: Vec<Pin<Box<dyn Future<Output = ()> + Send>>>,
     /// The client connection's task, woken to drive a new connection.
     task: Option<Waker>,
+    /// The client connection has ended: nothing would drive a new one.
+    closed: bool,
 }
 
 #[derive(Default)]
@@ -210,8 +212,9 @@ impl Affinity {
             // connection is let go (the lease empties its slot).
             return Err(NotSent::UsePool(Box::new(req)));
         }
-        // Queued for the connection, which the drive's waker wakes, so the
-        // client connection's task writes it out in this same turn.
+        // Queued for the connection, which wakes the drive: an HTTP/1.1
+        // client connection's task writes it out in this same turn (an
+        // HTTP/2 stream's task wakes the connection's).
         match sender.try_send_request(req).await {
             Ok(resp) => {
                 lease.keep(base, sender);
@@ -249,13 +252,17 @@ impl Affinity {
             .handshake(io)
             .await
             .map_err(|e| H2Failure::Connect(Box::new(e)))?;
-        self.owner.adopt(Box::pin(async move {
+        let adopted = self.owner.adopt(Box::pin(async move {
             // Counted against the worker's kept connections while open.
             let _permit = permit;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended");
             }
         }));
+        if !adopted {
+            let ended = std::io::Error::other("the client connection has ended");
+            return Err(H2Failure::Exchange(Box::new(ended)));
+        }
         Ok(sender)
     }
 }
@@ -269,15 +276,21 @@ impl Owner {
         self.drivers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Hands a new connection to the client connection's task.
-    fn adopt(&self, driver: Pin<Box<dyn Future<Output = ()> + Send>>) {
+    /// Hands a new connection to the client connection's task; false,
+    /// and the connection dropped, if that task has ended (an HTTP/2
+    /// stream's request can still be connecting then).
+    fn adopt(&self, driver: Pin<Box<dyn Future<Output = ()> + Send>>) -> bool {
         let mut drivers = self.drivers();
+        if drivers.closed {
+            return false;
+        }
         drivers.running.push(driver);
         // The request that opened it may run in another task (an HTTP/2
         // stream's), or ahead of the driving in this one.
         if let Some(task) = &drivers.task {
             task.wake_by_ref();
         }
+        true
     }
 
     /// Polls every kept connection; true while any is open.
@@ -366,6 +379,8 @@ impl Drive {
     /// the same turn of the task while one hands over to the other (a
     /// request queued for a kept connection, a response read from it).
     pub(crate) fn around<'a, F: Future>(&'a mut self, conn: Pin<&'a mut F>) -> Around<'a, F> {
+        // Polled at once, whatever happened to `conn` in between.
+        self.turns.wake_both();
         Around { drive: self, conn }
     }
 }
@@ -397,7 +412,11 @@ impl<F: Future> Future for Around<'_, F> {
 
 impl Drop for Drive {
     fn drop(&mut self) {
-        let running = std::mem::take(&mut self.owner.drivers().running);
+        let running = {
+            let mut drivers = self.owner.drivers();
+            drivers.closed = true;
+            std::mem::take(&mut drivers.running)
+        };
         let slots = std::mem::take(&mut *self.owner.slots());
         drop((running, slots));
     }
@@ -461,21 +480,25 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
-                let mut conn = conn.unwrap();
+                let (mut conn, tx) = (conn.unwrap(), tx.clone());
                 tx.send("accepted").unwrap();
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut line = String::new();
-                loop {
-                    line.clear();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                        tx.send("closed").unwrap();
-                        break;
+                // A thread per connection: a second one is accepted (and
+                // reported) even while the first stays open.
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().unwrap());
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            let _ = tx.send("closed");
+                            break;
+                        }
+                        if line == "\r\n" {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+                            let _ = conn.write_all(ok);
+                        }
                     }
-                    if line == "\r\n" {
-                        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        conn.write_all(ok).unwrap();
-                    }
-                }
+                });
             }
         });
         (base, rx)
@@ -504,10 +527,12 @@ mod tests {
         };
         for _ in 0..3 {
             let req = Request::get("/x").body(Body::empty()).unwrap();
-            // This task plays the client connection's: it polls the drive.
+            // This task plays the client connection's: it polls the drive
+            // around a connection (here one that never ends), in turns, as
+            // the listener does.
+            let conn = std::pin::pin!(std::future::pending::<()>());
             let sent = tokio::select! {
-                biased;
-                never = &mut drive => match never {},
+                () = drive.around(conn) => unreachable!("a pending connection"),
                 sent = affinity.send(Side::App, &connector, &base, req) => sent,
             };
             let Ok(resp) = sent else {

@@ -70,6 +70,15 @@ impl Default for Turns {
 }
 
 impl Turns {
+    /// Marks both as woken, so the next turn polls them whatever woke the
+    /// task: for a change made from outside that wakes nobody (hyper's
+    /// `graceful_shutdown` only changes the connection's state).
+    pub(crate) fn wake_both(&self) {
+        for woken in &self.shared.woken {
+            woken.store(true, Ordering::SeqCst);
+        }
+    }
+
     /// One turn of the task: polls `first` and `second`, each only if its
     /// waker fired (each gets its own), and again while either wakes.
     /// Returns what `second` returns.
