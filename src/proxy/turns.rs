@@ -139,6 +139,13 @@ mod tests {
         }
     }
 
+    /// A task that counts its wake-ups, and its waker.
+    fn counting_task() -> (Arc<Counter>, Waker) {
+        let task = Arc::new(Counter::default());
+        let waker = Waker::from(task.clone());
+        (task, waker)
+    }
+
     /// A pair whose members count their polls, keep their wakers, and on
     /// each poll wake the other while `bounces` lasts.
     struct Pair {
@@ -184,8 +191,7 @@ mod tests {
     #[test]
     fn a_turn_polls_only_what_was_woken() {
         let (turns, pair) = (Turns::default(), Pair::new());
-        let task = Arc::new(Counter::default());
-        let task_waker = Waker::from(task.clone());
+        let (task, task_waker) = counting_task();
         let mut cx = Context::from_waker(&task_waker);
         assert_eq!(pair.turn(&turns, &mut cx), [1, 1], "both, at first");
         assert_eq!(pair.turn(&turns, &mut cx), [1, 1], "neither was woken");
@@ -199,8 +205,7 @@ mod tests {
     #[test]
     fn a_hand_off_between_the_two_stays_within_the_turn() {
         let (turns, pair) = (Turns::default(), Pair::new());
-        let task = Arc::new(Counter::default());
-        let task_waker = Waker::from(task.clone());
+        let (task, task_waker) = counting_task();
         let mut cx = Context::from_waker(&task_waker);
         pair.turn(&turns, &mut cx);
         // Four wakes back and forth, all polled in one turn, none reaching
