@@ -186,6 +186,8 @@ pub(super) enum UrlError {
     NoHost(String),
     #[error("`{0}` has a query (`?…`); a path prefix is all a base URL may add")]
     Query(String),
+    #[error("`{0}` has a fragment (`#…`); a path prefix is all a base URL may add")]
+    Fragment(String),
 }
 
 pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
@@ -203,6 +205,11 @@ pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
     // middle of the app's path.
     if uri.query().is_some() {
         return Err(UrlError::Query(shown));
+    }
+    // A fragment is dropped when the URI is parsed, and with it every path
+    // appended after it: the app would see the prefix alone.
+    if s.contains('#') {
+        return Err(UrlError::Fragment(shown));
     }
     Ok(())
 }

@@ -187,6 +187,11 @@ fn bad_listen_and_upstream_are_refused() {
     assert!(q.to_string().contains("has a query"), "{q}");
     let q = refused("instance:\n  name: a\n  advertise: http://10.0.0.1:8080/?x\n");
     assert_eq!(q.key, "instance.advertise");
+    let f = refused("upstream:\n  url: http://127.0.0.1:8080/api#v2\n");
+    assert_eq!(f.key, "upstream.url");
+    assert!(f.to_string().contains("has a fragment"), "{f}");
+    let f = refused("instance:\n  name: a\n  advertise: http://10.0.0.1:8080#x\n");
+    assert_eq!(f.key, "instance.advertise");
     assert_eq!(refused("store:\n  kind: mongo\n").key, "store.kind");
     assert_eq!(refused("store:\n  kind: postgres\n").key, "store.url");
 }

@@ -10,7 +10,6 @@
 //! connection idle longer than the pool's idle timeout (the app may be
 //! closing it).
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -332,11 +331,11 @@ impl Owner {
 }
 
 /// Drives a client connection's kept upstream connections in the client
-/// connection's own task, which polls it with the connection
-/// ([`Drive::around`]), and drops one idle for [`POOL_IDLE_TIMEOUT`]. Never
-/// completes; dropped with the client connection, it closes them (a request
-/// still waiting on one, in an HTTP/2 stream's task, gets an error rather
-/// than waiting forever).
+/// connection's own task, which polls them with the connection
+/// ([`Drive::around`]), and drops one idle for [`POOL_IDLE_TIMEOUT`].
+/// Dropped with the client connection, it closes them (a request still
+/// waiting on one, in an HTTP/2 stream's task, gets an error rather than
+/// waiting forever).
 pub(crate) struct Drive {
     owner: Arc<Owner>,
     /// The next look for idle connections, while any is open.
@@ -345,18 +344,8 @@ pub(crate) struct Drive {
     turns: Turns,
 }
 
-impl Future for Drive {
-    type Output = Infallible;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Infallible> {
-        let this = self.get_mut();
-        turn(&this.owner, &mut this.idle_check, cx);
-        Poll::Pending
-    }
-}
-
 /// Polls every kept connection, and drops those idle too long.
-fn turn(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) {
+fn poll_kept(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) {
     loop {
         if !owner.poll_drivers(cx) {
             *idle_check = None;
@@ -404,7 +393,7 @@ impl<F: Future> Future for Around<'_, F> {
         let conn = &mut this.conn;
         turns.poll(
             cx,
-            |cx| turn(owner, idle_check, cx),
+            |cx| poll_kept(owner, idle_check, cx),
             |cx| conn.as_mut().poll(cx),
         )
     }
