@@ -616,11 +616,14 @@ impl GatewayProcess {
         gw
     }
 
-    /// Waits for `/healthz` (the process is up), not for the store.
+    /// Waits for `/healthz` (the process is up), not for the store. Only
+    /// the gateway's own answer counts: should another test's app have
+    /// taken the admin port between `free_port` and the gateway's bind, its
+    /// `/healthz` (200, `health`) must not pass for this gateway's.
     pub async fn wait_healthy(&self) {
         let url = format!("{}/healthz", self.admin_url());
         let start = std::time::Instant::now();
-        while !matches!(get(&url).await, Ok((StatusCode::OK, _, _))) {
+        while !matches!(get(&url).await, Ok((StatusCode::OK, _, body)) if body == "ok\n") {
             if start.elapsed() > Duration::from_secs(15) {
                 panic!("gateway {} not up in 15s; log:\n{}", self.n, self.log());
             }
