@@ -118,7 +118,7 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 16] = [
+pub const OUTCOMES: [&str; 17] = [
     "local",
     "forwarded",
     "passthrough",
@@ -135,6 +135,7 @@ pub const OUTCOMES: [&str; 16] = [
     "peer-certificate-required",
     "upstream-unreachable",
     "upstream-timeout",
+    "upstream-bad-upgrade",
 ];
 
 static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLock::new();

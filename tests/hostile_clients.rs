@@ -37,7 +37,7 @@ partitions:
   - name: devices
     count: 8
 routes:
-  - prefixes: [/maintenance]
+  - prefixes: [/maintenance, /tasks]
     role: maintenance
   - prefixes: [/orders]
     partition: devices
@@ -51,7 +51,13 @@ routes:
 "#;
 
 /// Handlers behind a gated prefix, in both apps.
-const GATED_HANDLERS: &[&str] = &["maintenance", "maintenance_root", "orders", "device_api"];
+const GATED_HANDLERS: &[&str] = &[
+    "maintenance",
+    "maintenance_root",
+    "orders",
+    "device_api",
+    "tasks",
+];
 
 // ---------------------------------------------------------------------------
 // What an app saw
@@ -108,6 +114,9 @@ enum Kind {
     Axum,
     /// Flask under `werkzeug` or `wsgiref` (see flask_app.py).
     Flask(&'static str),
+    /// The standard library's `http.server` with a router that folds
+    /// Unicode case, a client-chosen status and unread bodies (raw_app.py).
+    Raw,
 }
 
 enum Inner {
@@ -146,6 +155,7 @@ impl App {
         match kind {
             Kind::Axum => start_axum(name).await,
             Kind::Flask(server) => start_flask(name, server).await,
+            Kind::Raw => start_raw(name).await,
         }
     }
 
@@ -351,6 +361,52 @@ async fn start_flask(name: &str, server: &str) -> App {
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `tests/support/raw_app.py`: binds port 0 and reports the port in a file.
+async fn start_raw(name: &str) -> App {
+    let python = std::env::var("ROLEGATE_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".into());
+    let dir = support::test_dir(&format!("raw-app-{name}"));
+    let port_file = dir.join("port");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/raw_app.py");
+    let child = Command::new(&python)
+        .arg(script)
+        .arg(&port_file)
+        .arg(dir.join("seen.jsonl"))
+        .arg(name)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {python} (python3 is needed): {e}"));
+    let mut inner = Inner::Flask {
+        child,
+        dir: dir.clone(),
+    };
+    let start = Instant::now();
+    loop {
+        if let Some(port) = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+        {
+            return App {
+                name: name.into(),
+                port,
+                inner,
+            };
+        }
+        let Inner::Flask { child, .. } = &mut inner else {
+            unreachable!()
+        };
+        let exited = child.try_wait().ok().flatten();
+        if exited.is_some() || start.elapsed() > Duration::from_secs(20) {
+            let err = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
+            panic!("raw_app.py did not come up ({exited:?}); stderr:\n{err}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -1580,4 +1636,210 @@ async fn h2_keys_given_twice_or_readable_two_ways_are_refused() {
         failures.join("\n"),
         rig.gateway_logs()
     );
+}
+
+// ---------------------------------------------------------------------------
+// Round three: letters folded beyond ASCII, forged 101s, unread bodies
+// ---------------------------------------------------------------------------
+
+/// Sends `head` (tagged `id`) straight to an app, with no gateway, and
+/// returns what the app recorded for it: shows the app really has the
+/// behaviour a test defends against, so the test can fail.
+async fn straight_to(app: &App, raw: &[u8], id: &str) -> Vec<Seen> {
+    raw_exchange(app.port, raw).await;
+    app.tagged(id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn letters_a_router_folds_to_ascii_and_decoded_query_delimiters_are_gated() {
+    use Expect::*;
+    let rig = Rig::start(Kind::Raw, "hc_fold").await;
+    let h = "HTTP/1.1\r\nHost: gw.test\r\n";
+    let gated = [
+        // Kelvin sign: Python's str.lower and JavaScript's toLowerCase give `k`.
+        format!("GET /tas%E2%84%AAs/x {h}"),
+        // Dotless i and capital I with dot: Python's re.IGNORECASE reads `i`.
+        format!("GET /ma%C4%B1ntenance/x {h}"),
+        format!("GET /MA%C4%B0NTENANCE/x {h}"),
+        // Decoded, then split: the app routes the part before `?` or `#`.
+        format!("GET /maintenance%3Fx {h}"),
+        format!("GET /maintenance%23x {h}"),
+    ];
+    let other = &rig.apps[rig.other];
+    for (i, head) in gated.iter().enumerate() {
+        let id = format!("direct{i}");
+        let seen = straight_to(other, &tagged_request(head, &id), &id).await;
+        assert!(
+            seen.len() == 1 && seen[0].gated(),
+            "the app itself must route `{head}` to a gated handler: {seen:?}"
+        );
+    }
+    let mut attacks: Vec<(Expect, String)> = gated.iter().map(|h| (AtHolder, h.clone())).collect();
+    // Methods are case-sensitive tokens: `get` is an extension method, gated by its path.
+    attacks.push((AtHolder, format!("get /maintenance/x {h}")));
+    attacks.push((LocalUngated, format!("get /plain/x {h}")));
+    attacks.push((LocalUngated, format!("GET /ta%C3%9Fks {h}")));
+    let mut failures = run_attacks(&rig, "maintenance", &attacks).await;
+    // The same over HTTP/2 (h2c with prior knowledge), `:method get` included.
+    let mut h2: Vec<(Expect, H2Headers)> = [
+        "/tas%E2%84%AAs/x",
+        "/ma%C4%B1ntenance/x",
+        "/maintenance%3Fx",
+    ]
+    .iter()
+    .map(|p| (AtHolder, h2_get(p, &[])))
+    .collect();
+    h2.push((
+        AtHolder,
+        h2_request(&[
+            (":method", "get"),
+            (":scheme", "http"),
+            (":authority", "gw.test"),
+            (":path", "/maintenance/x"),
+        ]),
+    ));
+    failures.extend(run_h2_attacks(&rig, "maintenance", &h2).await);
+    assert!(
+        failures.is_empty(),
+        "{}\n{}",
+        failures.join("\n"),
+        rig.gateway_logs()
+    );
+}
+
+/// An upgrade request for `path` with a request for `/maintenance/run`
+/// pipelined behind it in the same write.
+fn upgrade_then_request(path: &str, upgrade: Option<&str>, id: &str) -> Vec<u8> {
+    let upgrade = upgrade
+        .map(|u| format!("Connection: Upgrade\r\nUpgrade: {u}\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"))
+        .unwrap_or_default();
+    format!(
+        "GET {path} HTTP/1.1\r\nHost: gw.test\r\n{upgrade}X-Attack: {id}\r\n\r\n\
+         GET /maintenance/run HTTP/1.1\r\nHost: gw.test\r\nX-Attack: {id}-inner\r\nConnection: close\r\n\r\n"
+    )
+    .into_bytes()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_the_client_chose_opens_no_tunnel_to_an_app() {
+    let rig = Rig::start(Kind::Raw, "hc_forged101").await;
+    let (holder, other) = (&rig.apps[rig.holder], &rig.apps[rig.other]);
+    let seen = straight_to(
+        other,
+        &upgrade_then_request("/status/101", Some("websocket"), "direct"),
+        "direct-inner",
+    )
+    .await;
+    assert!(
+        seen.iter().any(Seen::gated),
+        "the app itself must run the request behind its 101: {:?}",
+        other.seen()
+    );
+    let port = rig.gws[rig.other].port;
+    let cases = [
+        ("/status/101", Some("websocket")),
+        ("/status/101", Some("WebSocket")),
+        // A version `websocket` does not have: the upgrade is stripped, so
+        // the app's 101 answers a request that asked for none.
+        ("/status/101", Some("websocket/13")),
+        ("/status/101", None),
+        // Gated: the holder's gateway checks its app's 101 too.
+        ("/tasks/status/101", Some("websocket")),
+    ];
+    for (i, (path, upgrade)) in cases.into_iter().enumerate() {
+        let id = format!("u{i}");
+        let resp = raw_exchange(port, &upgrade_then_request(path, upgrade, &id)).await;
+        eprintln!("{id} {path} {upgrade:?}: {}", first_line(&resp));
+        assert_eq!(status_of(&resp), 502, "{id} {path} {upgrade:?}: {resp}");
+        assert!(
+            resp.contains("upstream-bad-upgrade")
+                && header_of(&resp, "content-type").as_deref() == Some("application/problem+json"),
+            "{id}: {resp}"
+        );
+        assert!(
+            !resp.contains("HTTP/1.1 101"),
+            "{id}: a 101 reached the client: {resp}"
+        );
+        let inner = format!("{id}-inner");
+        for s in other.tagged(&inner) {
+            assert!(
+                !s.gated(),
+                "{id}: EXECUTED BY THE NON-HOLDER'S APP through a tunnel: {s:?}"
+            );
+        }
+        for s in holder.tagged(&inner) {
+            assert_eq!(s.role.as_deref(), Some("maintenance"), "{id}: {s:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_hidden_in_a_body_the_app_leaves_unread_never_runs_with_close_after_body() {
+    let mut spec = ClusterSpec::postgres("hc_unread_body");
+    spec.upstream_yaml.push_str("  close_after_body: true\n");
+    let rig = Rig::start_with(Kind::Raw, spec).await;
+    let other = &rig.apps[rig.other];
+    let h = "Host: gw.test\r\n";
+    let hidden =
+        |id: &str| format!("GET /maintenance/x HTTP/1.1\r\n{h}X-Attack: {id}-hidden\r\n\r\n");
+    let shapes = |id: &str| {
+        let body = hidden(id);
+        let n = body.len();
+        vec![
+            format!("POST /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("GET /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("OPTIONS /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nExpect: 100-continue\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /plain HTTP/1.0\r\n{h}X-Attack: {id}\r\nConnection: keep-alive\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nTransfer-Encoding: chunked\r\n\r\n{n:x}\r\n{body}\r\n0\r\n\r\n"),
+            format!("POST /status/204 HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /status/302 HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /status/304 HTTP/1.1\r\n{h}X-Attack: {id}\r\nContent-Length: {n}\r\n\r\n{body}"),
+            format!("POST /plain HTTP/1.1\r\n{h}X-Attack: {id}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nContent-Length: {n}\r\n\r\n{body}"),
+        ]
+    };
+    let count = shapes("x").len();
+    // Straight to the app, every shape runs the hidden request (but the
+    // chunked one: http.server does not read chunked bodies).
+    for i in 0..count {
+        let id = format!("direct{i}");
+        let raw = &shapes(&id)[i];
+        if raw.contains("chunked") {
+            continue;
+        }
+        let (line, rest) = raw.split_once("\r\n").unwrap();
+        let raw = format!("{line}\r\n{rest}GET /x HTTP/1.1\r\n{h}Connection: close\r\n\r\n");
+        let seen = straight_to(other, raw.as_bytes(), &format!("{id}-hidden")).await;
+        assert!(
+            seen.iter().any(Seen::gated),
+            "shape {i}: the app itself must leave the body unread and run what is in it: {:?}",
+            other.tagged(&id)
+        );
+    }
+    let port = rig.gws[rig.other].port;
+    for i in 0..count {
+        let id = format!("gw{i}");
+        let raw = &shapes(&id)[i];
+        let (line, rest) = raw.split_once("\r\n").unwrap();
+        let raw = format!("{line}\r\nConnection: close\r\n{rest}");
+        let resp = raw_exchange(port, raw.as_bytes()).await;
+        eprintln!("{id} {line}: {}", first_line(&resp));
+        assert_eq!(
+            other.tagged(&id).len(),
+            1,
+            "{id} must reach the app once: {resp}"
+        );
+    }
+    // Give the app time to read whatever the connections still hold.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let through_gateway = other
+        .seen()
+        .into_iter()
+        .filter(|s| s.attack.as_deref().is_some_and(|a| a.starts_with("gw")));
+    for s in through_gateway {
+        assert!(
+            !s.gated() && !s.attack.as_deref().is_some_and(|a| a.ends_with("-hidden")),
+            "EXECUTED BY THE NON-HOLDER'S APP from a body it left unread: {s:?}"
+        );
+    }
 }

@@ -53,7 +53,17 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
             format!("{who}{lease}{}", if leaked { " leaked" } else { "" })
         }
     };
+    // Answers 101 to anyone, completing no handshake (an endpoint whose
+    // status the client picks).
+    let forged_101 = || async {
+        (
+            StatusCode::SWITCHING_PROTOCOLS,
+            [("upgrade", "websocket"), ("connection", "upgrade")],
+        )
+    };
     let routes = Router::new()
+        .route("/status/101", get(forged_101))
+        .route("/reports/status/101", get(forged_101))
         .route("/reports/run", get(handler.clone()))
         .route("/accounts/{id}", get(handler.clone()))
         .route("/other", get(handler.clone()))
@@ -260,4 +270,25 @@ async fn partition_layer_without_a_key_answers_400() {
     let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(v["partition"], "p");
     c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apps_101_without_the_handshake_asked_for_is_answered_502() {
+    let ((a, pa), (b, pb)) = two_apps().await;
+    let ask = "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n";
+    // Ungated and gated (run at the holder, or forwarded there from b).
+    for (port, path, upgrade) in [
+        (pa, "/status/101", ask),
+        (pa, "/status/101", ""),
+        (pa, "/reports/status/101", ask),
+        (pb, "/reports/status/101", ask),
+    ] {
+        let raw = format!("GET {path} HTTP/1.1\r\nHost: t\r\n{upgrade}\r\nGET /reports/run HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+        let resp = cluster::raw_exchange(port, raw.as_bytes()).await;
+        assert_eq!(cluster::status_of(&resp), 502, "{port} {path}: {resp}");
+        assert!(resp.contains("upstream-bad-upgrade"), "{resp}");
+        assert!(!resp.contains("HTTP/1.1 101"), "{resp}");
+    }
+    a.shutdown().await;
+    b.shutdown().await;
 }

@@ -28,6 +28,35 @@ enum Disguise {
     Param(u8),
     /// A slash becomes `\`, `%2F` or `%5C`.
     Slash(u8, u8),
+    /// A letter becomes a non-ASCII character that some router folds onto
+    /// it (JavaScript's `toLowerCase`, Python's `re.IGNORECASE`),
+    /// percent-encoded in upper- or lower-case hex.
+    Fold(u8, u16),
+}
+
+/// For each ASCII letter, every Unicode scalar value whose lowercase,
+/// uppercase or their compositions read as that one letter once non-letters
+/// are dropped: the Kelvin sign for `k`, `ı` and `İ` for `i`, `ſ` for `s`.
+fn folds_onto() -> &'static std::collections::HashMap<char, Vec<char>> {
+    static FOLDS: std::sync::OnceLock<std::collections::HashMap<char, Vec<char>>> =
+        std::sync::OnceLock::new();
+    FOLDS.get_or_init(|| {
+        let mut out: std::collections::HashMap<char, Vec<char>> = Default::default();
+        for c in (0x80..=0x10FFFFu32).filter_map(char::from_u32) {
+            let lower: String = c.to_lowercase().collect();
+            let upper: String = c.to_uppercase().collect();
+            for m in [lower.to_uppercase(), upper.to_lowercase(), lower, upper] {
+                let letters: Vec<char> = m.chars().filter(char::is_ascii_alphabetic).collect();
+                if let [a] = letters[..] {
+                    let v = out.entry(a.to_ascii_lowercase()).or_default();
+                    if !v.contains(&c) {
+                        v.push(c);
+                    }
+                }
+            }
+        }
+        out
+    })
 }
 
 fn disguise() -> impl Strategy<Value = Disguise> {
@@ -39,6 +68,7 @@ fn disguise() -> impl Strategy<Value = Disguise> {
         any::<u8>().prop_map(Disguise::Dot),
         any::<u8>().prop_map(Disguise::Param),
         (any::<u8>(), 0u8..3).prop_map(|(a, b)| Disguise::Slash(a, b)),
+        (any::<u8>(), any::<u16>()).prop_map(|(a, b)| Disguise::Fold(a, b)),
     ]
 }
 
@@ -114,6 +144,34 @@ fn apply(path: &str, d: &Disguise) -> String {
             let with = ["\\", "%2F", "%5C"][*kind as usize];
             format!("{}{with}{}", &path[..i], &path[i + 1..])
         }
+        Disguise::Fold(f, k) => {
+            let b = path.as_bytes();
+            let in_escape = |i: usize| (i >= 1 && b[i - 1] == b'%') || (i >= 2 && b[i - 2] == b'%');
+            let letters: Vec<usize> = (0..b.len())
+                .filter(|&i| b[i].is_ascii_alphabetic() && !in_escape(i))
+                .collect();
+            if letters.is_empty() {
+                return path.into();
+            }
+            let i = letters[at(letters.len(), *f)];
+            let Some(chars) = folds_onto().get(&(b[i] as char).to_ascii_lowercase()) else {
+                return path.into();
+            };
+            let c = chars[*k as usize % chars.len()];
+            let mut buf = [0u8; 4];
+            let encoded: String = c
+                .encode_utf8(&mut buf)
+                .bytes()
+                .map(|x| {
+                    if k % 2 == 0 {
+                        format!("%{x:02X}")
+                    } else {
+                        format!("%{x:02x}")
+                    }
+                })
+                .collect();
+            format!("{}{encoded}{}", &path[..i], &path[i + 1..])
+        }
     }
 }
 
@@ -124,6 +182,48 @@ fn table() -> RouteTable<&'static str> {
     t
 }
 
+#[test]
+fn the_letters_routers_fold_onto_ascii_are_known_to_the_test() {
+    let f = folds_onto();
+    assert!(f[&'k'].contains(&'\u{212A}'), "Kelvin sign");
+    assert!(f[&'i'].contains(&'ı') && f[&'i'].contains(&'İ'));
+    assert!(f[&'s'].contains(&'ſ'));
+}
+
+#[test]
+fn every_character_that_folds_onto_a_letter_of_a_prefix_is_gated() {
+    let t = table();
+    for (prefix, i, letter) in ["/maintenance", "/orders"]
+        .into_iter()
+        .flat_map(|p| p.char_indices().skip(1).map(move |(i, l)| (p, i, l)))
+    {
+        for c in folds_onto().get(&letter).into_iter().flatten() {
+            let mut buf = [0u8; 4];
+            let encoded: String = c
+                .encode_utf8(&mut buf)
+                .bytes()
+                .map(|x| format!("%{x:02X}"))
+                .collect();
+            for path in [
+                format!("{}{encoded}{}/x", &prefix[..i], &prefix[i + 1..]),
+                format!(
+                    "{}{}{}",
+                    &prefix[..i],
+                    encoded.to_lowercase(),
+                    &prefix[i + 1..]
+                )
+                .to_uppercase(),
+            ] {
+                assert!(
+                    matches!(t.find(&path), Ok(Some(_)) | Err(_)),
+                    "{path} ({c:?} for {letter}) -> {:?}",
+                    t.find(&path)
+                );
+            }
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
@@ -131,11 +231,21 @@ proptest! {
     fn any_disguise_of_a_gated_path_is_gated_or_refused(
         rest in proptest::collection::vec("[a-z0-9-]{1,6}", 0..4),
         disguises in proptest::collection::vec(disguise(), 0..5),
+        cut in 0u8..3,
     ) {
         let mut path = String::from("/maintenance");
         for seg in &rest {
             path.push('/');
             path.push_str(seg);
+        }
+        // A decoded `?` or `#` right after the prefix: an app that decodes
+        // before it splits off the query routes the part before it.
+        if cut > 0 {
+            let delimiter = if cut == 1 { "%3F" } else { "%23" };
+            path = path.replacen("/maintenance/", &format!("/maintenance{delimiter}"), 1);
+            if !path.contains(delimiter) {
+                path.push_str(delimiter);
+            }
         }
         let plain = path.clone();
         for d in &disguises {

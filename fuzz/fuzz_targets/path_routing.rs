@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use rolegate::__private::canonical::{
-    canonical, percent_decode, prefix_matches, reading, readings, BadPath, Steps,
+    canonical, match_readings, percent_decode, prefix_matches, reading, BadPath, Steps,
 };
 use rolegate::__private::routes::{RouteError, RouteTable};
 
@@ -126,6 +126,7 @@ fn order_readings(path: &[u8], orders: &[&[Op]]) -> Vec<Vec<u8>> {
                 merge: bits & 1 != 0,
                 dots: bits & 2 != 0,
                 raw_params: false,
+                cut_query: false,
             };
             if let Ok(r) = reading(&p, steps) {
                 if !out.contains(&r) {
@@ -142,7 +143,9 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let canon = canonical(path, true);
-    let reads = readings(path);
+    // With case folding: every reading, and those with non-ASCII letters a
+    // router folds to ASCII folded.
+    let reads = match_readings(path, true);
     let found = table().find(path);
 
     // The three entry points agree on what is not a gateable path.
@@ -232,6 +235,22 @@ fuzz_target!(|data: &[u8]| {
         let mut r = order_readings(path.as_bytes(), MODELLED);
         if check_known() {
             r.extend(order_readings(path.as_bytes(), OTHER));
+        }
+        // Routers that decode, split off a decoded `?`/`#`, and fold case as
+        // JavaScript's toLowerCase or Python's str.lower do (beyond ASCII).
+        let decoded = percent_decode(path.as_bytes()).into_owned();
+        let cut: Vec<u8> = decoded
+            .split(|b| *b == b'?' || *b == b'#')
+            .next()
+            .unwrap_or_default()
+            .to_vec();
+        for d in [decoded, cut] {
+            if let Ok(text) = std::str::from_utf8(&d) {
+                let lowered = text.to_lowercase();
+                r.extend(order_readings(lowered.as_bytes(), &[&[]]));
+                let upper_lowered = text.to_uppercase().to_lowercase();
+                r.extend(order_readings(upper_lowered.as_bytes(), &[&[]]));
+            }
         }
         for r in r {
             for (p, _) in PREFIXES {

@@ -326,7 +326,7 @@ backend be
 
 def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rolegate_role_leases",
                   roles=("bench",), partition=0, timings=("15s", "5s", "2s"), route=True,
-                  drain="2s", peer_protocol=None):
+                  drain="2s", peer_protocol=None, close_after_body=False):
     lines = [
         "instance:",
         "  name: %s" % name,
@@ -335,6 +335,7 @@ def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rol
         "admin_listen: 127.0.0.1:%d" % admin,
         "upstream:",
         "  url: %s" % upstream,
+        "  close_after_body: %s" % ("true" if close_after_body else "false"),
         "store:",
         "  kind: %s" % store_kind,
         "  url: %s" % store_url,
@@ -358,6 +359,12 @@ def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rol
         lines += ["peers:", "  protocol: %s" % peer_protocol]
     return "\n".join(lines) + "\n"
 
+
+WRK_POST_LUA = """
+wrk.method = "POST"
+wrk.body = string.rep("x", 1024)
+wrk.headers["Content-Type"] = "application/octet-stream"
+"""
 
 WRK_LUA = """
 done = function(summary, latency, requests)
@@ -544,10 +551,10 @@ class Bench:
 
     # -- section 1: request path ------------------------------------------------
 
-    def wrk(self, url, seconds, conns, cpu=None):
-        lua = os.path.join(self.workdir, "report.lua")
+    def wrk(self, url, seconds, conns, cpu=None, post_1k=False):
+        lua = os.path.join(self.workdir, "report-post.lua" if post_1k else "report.lua")
         if not os.path.exists(lua):
-            self.write("report.lua", WRK_LUA)
+            self.write(os.path.basename(lua), (WRK_POST_LUA if post_1k else "") + WRK_LUA)
         out = subprocess.run(["taskset", "-c", cpu or self.cpu_gen, "wrk", "-t1", "-c%d" % conns, "-d%ds" % seconds,
                               "--timeout", "5s", "-s", lua, url], capture_output=True, text=True,
                              timeout=seconds + 30)
@@ -1140,6 +1147,49 @@ class Bench:
             "rounds": rounds, "seconds": secs, "connections": conns, "sizes": list(sizes),
             "contenders": list(forwarders), "runs": runs}
 
+    def section_body_close(self):
+        """`upstream.close_after_body`: a 1 KiB POST through a holder gateway
+        with and without it, the same nginx upstream (which answers without
+        reading the body, as `return 200` does), interleaved rounds."""
+        q = self.quick
+        rounds = self.a.rounds or (2 if q else 3)
+        secs = 1 if q else 3
+        conns = 64
+        d = self.workdir
+        up = free_port()
+        p_up = self.start_nginx("upstream-post", nginx_upstream_conf(d, "upstream-post", up))
+        self.wait_port(up, "upstream-post", p_up)
+        upstream_url = "http://127.0.0.1:%d" % up
+        gateways = {}
+        for name, close in (("keep-alive (default)", False), ("close_after_body: true", True)):
+            key = "close" if close else "keep"
+            port, admin = free_port(), free_port()
+            db = "sqlite://%s/post-%s.db" % (d, key)
+            p = self.start_rolegate("post-" + key, rolegate_conf(
+                "post-" + key, port, admin, upstream_url, "sqlite", db, close_after_body=close))
+            self.wait_ready(p, "post-" + key, admin)
+            wait_until("%s holds `bench`" % name, lambda a=admin: self.held_count(a) == 1, 20)
+            gateways[name] = (p, port)
+            self.wrk("http://127.0.0.1:%d/gwX/post" % port, 1, conns, post_1k=True)
+        runs = {name: [] for name in gateways}
+        for rnd in range(rounds):
+            order = list(gateways.items())
+            if rnd % 2:
+                order = order[::-1]
+            for name, (p, port) in order:
+                c0 = cpu_ticks(p.pid)
+                r = self.wrk("http://127.0.0.1:%d/gwX/post" % port, secs, conns, post_1k=True)
+                r["cpu_us_per_req"] = (cpu_ticks(p.pid) - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
+                runs[name].append(r)
+                log("POST 1 KiB round %d %-22s %9.0f req/s p99 %s cpu %.1f us/req errors %d" % (
+                    rnd + 1, name, r["rps"], fmt_us(r["p99"]), r["cpu_us_per_req"], r["errors"]))
+        for p, _ in gateways.values():
+            self.procs.stop(p)
+        self.procs.stop(p_up)
+        self.results["sections"]["body_close"] = {
+            "rounds": rounds, "seconds": secs, "connections": conns, "contenders": list(gateways),
+            "runs": runs}
+
     def section_multicore(self):
         """Two request threads against two nginx workers: every process may
         run on every core (the load generator too, on a 2-core machine)."""
@@ -1271,6 +1321,7 @@ class Bench:
                     ("handover", self.section_handover), ("store", self.section_store),
                     ("footprint", self.section_footprint), ("work", self.section_work),
                     ("balance", self.section_balance), ("peer_hop", self.section_peer_hop),
+                    ("body_close", self.section_body_close),
                     ("profile", self.section_profile), ("multicore", self.section_multicore)]
         only = set(self.a.only.split(",")) if self.a.only else None
         for name, fn in sections:
@@ -1352,7 +1403,7 @@ def main():
     ap.add_argument("--openloop", required=True)
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "benchmarks.md"))
     ap.add_argument("--json", default=None, help="also write the raw results here")
-    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance,peer_hop,profile,multicore")
+    ap.add_argument("--only", default=None, help="comma list: request_path,sse,handover,store,footprint,work,balance,peer_hop,body_close,profile,multicore")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--rate", type=float, default=None, help="fixed rate for section 1 (default: 40%% of the slowest)")
     ap.add_argument("--streams", type=int, default=None)
@@ -1410,6 +1461,10 @@ def main():
         with open(report.PEER_HOP_FILE, "w") as f:
             f.write(report.render_peer_hop(b.results["sections"]["peer_hop"], args))
         log("wrote %s" % report.PEER_HOP_FILE)
+    if "body_close" in b.results["sections"] and "error" not in b.results["sections"]["body_close"]:
+        with open(report.BODY_CLOSE_FILE, "w") as f:
+            f.write(report.render_body_close(b.results["sections"]["body_close"], args))
+        log("wrote %s" % report.BODY_CLOSE_FILE)
     if "profile" in b.results["sections"] and "error" not in b.results["sections"]["profile"]:
         import perf_profile as prof_mod
         now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -1420,7 +1475,7 @@ def main():
         with open(report.MULTICORE_FILE, "w") as f:
             f.write(report.render_multicore(b.results["sections"]["multicore"], args))
         log("wrote %s" % report.MULTICORE_FILE)
-    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop", "profile", "multicore"}:
+    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop", "body_close", "profile", "multicore"}:
         log("--only %s: %s left as it is" % (args.only, args.out))
     else:
         text = report.render(b.results, args)

@@ -77,10 +77,19 @@ impl Resolver<'_> {
                 }
             },
         };
+        let close_after_body = u.close_after_body.unwrap_or(false);
+        if close_after_body && protocol == HopProtocol::Http2 {
+            return Err(self.err(
+                None,
+                "upstream.close_after_body",
+                "applies to http1 upstreams only: over h2c every body is framed, and a body left unread cannot become a request",
+            ));
+        }
         Ok(UpstreamConfig {
             url: url.trim_end_matches('/').to_string(),
             protocol,
             health,
+            close_after_body,
         })
     }
 

@@ -94,6 +94,10 @@ pub struct UpstreamConfig {
     pub protocol: HopProtocol,
     /// Optional health check.
     pub health: Option<HealthConfig>,
+    /// Send `Connection: close` to the app on every request with a body, so
+    /// an app server that leaves a body unread never reads its bytes as the
+    /// next request (HTTP/1.1 upstreams only).
+    pub close_after_body: bool,
 }
 
 /// The `proxy` section: forwarding timeouts and the request rules.

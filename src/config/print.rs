@@ -68,6 +68,7 @@ struct Upstream {
     protocol: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     health: Option<Health>,
+    close_after_body: bool,
 }
 
 #[derive(Serialize)]
@@ -237,6 +238,7 @@ impl Config {
                     interval: text(h.interval),
                     unhealthy_after: h.unhealthy_after,
                 }),
+                close_after_body: u.close_after_body,
             }),
             store: Store {
                 kind: self.store.kind.as_str(),

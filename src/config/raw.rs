@@ -152,6 +152,7 @@ pub(super) struct RawUpstream {
     pub(super) url: Text,
     pub(super) protocol: Option<Text>,
     pub(super) health: Option<RawHealth>,
+    pub(super) close_after_body: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]

@@ -54,6 +54,8 @@ pub(crate) struct GatewayState {
     /// `peers.require_client_cert`: hop-marked requests need a verified peer.
     hops_need_peer_cert: bool,
     upstream_protocol: HopProtocol,
+    /// `upstream.close_after_body`.
+    close_after_body: bool,
     /// `--events`: local admissions are logged here.
     events: Option<Arc<EventLog>>,
 }
@@ -84,10 +86,10 @@ impl GatewayState {
             };
             routes.add(&r.prefixes, target);
         }
-        let (upstream, upstream_protocol) = config
+        let (upstream, upstream_protocol, close_after_body) = config
             .upstream
             .as_ref()
-            .map(|u| (u.url.clone(), u.protocol))
+            .map(|u| (u.url.clone(), u.protocol, u.close_after_body))
             .ok_or(GatewayError::NoUpstream)?;
         Ok(Self {
             routes,
@@ -103,6 +105,7 @@ impl GatewayState {
             upstream,
             hops_need_peer_cert: config.peers.require_client_cert,
             upstream_protocol,
+            close_after_body,
             events,
         })
     }
@@ -212,6 +215,17 @@ impl GatewayState {
             &mut req,
             self.settings.hop_context(trusted, Some(client), false),
         );
+        if self.close_after_body && !req.body().is_end_stream() {
+            // An app server that leaves this body unread must not read its
+            // bytes as the next request: there is no next request. An
+            // upgrade with a body (no WebSocket handshake has one) loses its
+            // upgrade: servers read `Connection: upgrade, close` as keep-alive.
+            req.headers_mut().remove(http::header::UPGRADE);
+            req.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         let outcome = match &lease {
             Some((role, token)) => {
                 if let Ok(v) = http::HeaderValue::from_str(role) {

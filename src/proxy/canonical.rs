@@ -8,10 +8,15 @@
 //! order: percent-decode once (every `%XX`, `%2F` and `%5C` included), read `\`
 //! as `/`, drop each segment's `;parameters`, merge repeated slashes, remove
 //! dot segments (RFC 3986 5.2.4); or drop the `;parameters` of the raw
-//! segments before decoding (Tomcat's and Spring's order). The *canonical*
-//! form applies the first five; ASCII case is folded in every reading unless
-//! paths are case-sensitive. Encodings some servers decode and others do not
-//! (`%uXXXX`, overlong UTF-8) are refused rather than guessed.
+//! segments before decoding (Tomcat's and Spring's order). A decoded `?` or
+//! `#` ends the path in one more reading: an app that decodes before it
+//! splits off the query routes `/maintenance%3Fx` to `/maintenance`. The
+//! *canonical* form applies the first five; ASCII case is folded in every
+//! reading unless paths are case-sensitive, and then non-ASCII letters that
+//! some router folds to ASCII (the Kelvin sign to `k`, dotless `ı` to `i`)
+//! give one more reading (see [`fold_to_ascii`]). Encodings some servers
+//! decode and others do not (`%uXXXX`, overlong UTF-8) are refused rather than
+//! guessed.
 
 use std::borrow::Cow;
 
@@ -45,6 +50,8 @@ pub struct Steps {
     pub dots: bool,
     /// Drop `;parameters` from the raw segments before decoding.
     pub raw_params: bool,
+    /// End the path at the first decoded `?` or `#` (with `decode` only).
+    pub cut_query: bool,
 }
 
 impl Steps {
@@ -56,9 +63,10 @@ impl Steps {
         merge: true,
         dots: true,
         raw_params: false,
+        cut_query: false,
     };
 
-    /// All 64 combinations, the canonical form first.
+    /// All 64 combinations without `cut_query`, the canonical form first.
     pub fn every() -> impl Iterator<Item = Steps> {
         (0u8..64).map(|bits| {
             let on = |b: u8| bits & b == 0;
@@ -69,6 +77,7 @@ impl Steps {
                 merge: on(8),
                 dots: on(16),
                 raw_params: !on(32),
+                cut_query: false,
             }
         })
     }
@@ -137,11 +146,16 @@ pub fn reading(path: &[u8], steps: Steps) -> Result<Vec<u8>, BadPath> {
     } else {
         Cow::Borrowed(path)
     };
-    let decoded = if steps.decode {
+    let mut decoded = if steps.decode {
         percent_decode(&path)
     } else {
         Cow::Borrowed(&*path)
     };
+    if steps.decode && steps.cut_query {
+        if let Some(end) = decoded.iter().position(|b| matches!(b, b'?' | b'#')) {
+            decoded.to_mut().truncate(end);
+        }
+    }
     if decoded.iter().any(|b| b.is_ascii_control()) {
         return Err(BadPath::ControlByte);
     }
@@ -247,7 +261,92 @@ pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
             out.push(r);
         }
     }
+    if percent_decode(bytes)
+        .iter()
+        .any(|b| matches!(b, b'?' | b'#'))
+    {
+        for steps in Steps::every().filter(|s| s.decode) {
+            let r = reading(
+                bytes,
+                Steps {
+                    cut_query: true,
+                    ..steps
+                },
+            )?;
+            if seen.insert(r.clone()) {
+                out.push(r);
+            }
+        }
+    }
     Ok(out)
+}
+
+/// The readings matched against the route table: [`readings`], plus, with
+/// `fold_case`, each reading that holds a non-ASCII letter some router folds
+/// to ASCII, with those letters folded ([`fold_to_ascii`]).
+pub fn match_readings(path: &str, fold_case: bool) -> Result<Vec<Vec<u8>>, BadPath> {
+    let mut out = readings(path)?;
+    if fold_case && out.iter().any(|r| !r.is_ascii()) {
+        let folded: Vec<Vec<u8>> = out.iter().filter_map(|r| fold_reading(r)).collect();
+        for f in folded {
+            if !out.contains(&f) {
+                out.push(f);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `reading` with every character that [`fold_to_ascii`] maps replaced by
+/// its ASCII text; `None` when nothing changes. Bytes that are not UTF-8 stay.
+pub(crate) fn fold_reading(reading: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(reading.len());
+    let mut changed = false;
+    for chunk in reading.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            match fold_to_ascii(c) {
+                Some(ascii) => {
+                    out.extend_from_slice(ascii.as_bytes());
+                    changed = true;
+                }
+                None => {
+                    let mut buf = [0u8; 4];
+                    out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                }
+            }
+        }
+        out.extend_from_slice(chunk.invalid());
+    }
+    changed.then_some(out)
+}
+
+/// The ASCII letters a non-ASCII character folds to under some router's
+/// case rules, lowercased: the first of its lowercase, uppercase,
+/// lowercase-of-uppercase and uppercase-of-lowercase mappings (together a
+/// superset of Unicode's full case folding) that holds an ASCII letter, with
+/// everything else in it dropped. The Kelvin sign `K` gives `k` (JavaScript's
+/// `toLowerCase`), `ı` and `İ` give `i` and `ſ` gives `s` (Python's
+/// `re.IGNORECASE`), `ß` gives `ss` and `ﬆ` gives `st`. `None` for ASCII and
+/// for every character no mapping takes to an ASCII letter. Derived from the
+/// Unicode tables the standard library ships, so it follows Rust's Unicode
+/// version.
+pub fn fold_to_ascii(c: char) -> Option<String> {
+    if c.is_ascii() {
+        return None;
+    }
+    let lower: String = c.to_lowercase().collect();
+    let upper: String = c.to_uppercase().collect();
+    let lower_of_upper: String = upper.chars().flat_map(char::to_lowercase).collect();
+    let upper_of_lower: String = lower.chars().flat_map(char::to_uppercase).collect();
+    [lower, upper, lower_of_upper, upper_of_lower]
+        .iter()
+        .map(|m| {
+            m.chars()
+                .filter(char::is_ascii_alphabetic)
+                .map(|a| a.to_ascii_lowercase())
+                .collect::<String>()
+        })
+        .find(|ascii| !ascii.is_empty())
 }
 
 /// Whether `path` is under `prefix` (canonical, no trailing slash) on a
@@ -395,5 +494,90 @@ mod tests {
         assert!(!prefix_matches(b"/orders", b"/orders.v2/x", true));
         assert!(!prefix_matches(b"/orders", b"/order", true));
         assert!(prefix_matches(b"/", b"/anything", true));
+    }
+
+    /// Every character a router may fold onto an ASCII letter, by the
+    /// mappings JavaScript's `toLowerCase`/`toUpperCase` and Python's
+    /// `re.IGNORECASE` apply: (character, ASCII letter).
+    fn folds_onto_ascii() -> Vec<(char, char)> {
+        let mut out = Vec::new();
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            if c.is_ascii() {
+                continue;
+            }
+            let mut maps: Vec<String> =
+                vec![c.to_lowercase().collect(), c.to_uppercase().collect()];
+            maps.push(maps[1].to_lowercase());
+            maps.push(maps[0].to_uppercase());
+            for m in maps {
+                for a in m.chars().filter(char::is_ascii_alphabetic) {
+                    out.push((c, a.to_ascii_lowercase()));
+                }
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    #[test]
+    fn every_scalar_value_that_folds_onto_an_ascii_letter_is_read_as_it() {
+        let folds = folds_onto_ascii();
+        for (c, a) in [
+            ('\u{212A}', 'k'),
+            ('ı', 'i'),
+            ('İ', 'i'),
+            ('ſ', 's'),
+            ('ß', 's'),
+            ('ẞ', 's'),
+            ('ﬀ', 'f'),
+            ('ﬆ', 't'),
+        ] {
+            assert!(folds.contains(&(c, a)), "{c:?} -> {a}");
+        }
+        for (c, a) in &folds {
+            let text =
+                fold_to_ascii(*c).unwrap_or_else(|| panic!("{c:?} ({:X}) not folded", *c as u32));
+            assert!(text.contains(*a), "{c:?} folds to {text:?}, not onto {a}");
+            // A letter of a path read through the folded reading.
+            let mut buf = [0u8; 4];
+            let encoded: String = c
+                .encode_utf8(&mut buf)
+                .bytes()
+                .map(|b| format!("%{b:02X}"))
+                .collect();
+            let path = format!("/x{encoded}y");
+            let r = match_readings(&path, true).unwrap();
+            assert!(
+                r.contains(&format!("/x{text}y").into_bytes()),
+                "{path}: {r:?}"
+            );
+            assert_eq!(
+                match_readings(&path, false).unwrap().len(),
+                readings(&path).unwrap().len()
+            );
+        }
+        for c in (0..=0x10FFFFu32).filter_map(char::from_u32) {
+            if fold_to_ascii(c).is_some() {
+                assert!(
+                    folds.iter().any(|(f, _)| *f == c),
+                    "{c:?} folded needlessly"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_decoded_query_delimiter_ends_one_reading() {
+        let r = readings("/maintenance%3Fx/y").unwrap();
+        assert!(r.contains(&b"/maintenance".to_vec()), "{r:?}");
+        assert!(r.contains(&b"/maintenance?x/y".to_vec()), "{r:?}");
+        let r = readings("/a%23b").unwrap();
+        assert!(r.contains(&b"/a".to_vec()), "{r:?}");
+        assert_eq!(
+            readings("/a%3Cb").unwrap().len(),
+            2,
+            "no delimiter, no extra reading"
+        );
     }
 }

@@ -20,7 +20,7 @@ use super::affine::{Affinity, NotSent, Side};
 use super::h2pool::{BoxError, H2Failure, H2Pool};
 use super::headers::{
     add_forwarding, is_upgrade_request, strip_hop_by_hop, strip_rolegate,
-    strip_untrusted_forwarding, upgrade_allowed,
+    strip_untrusted_forwarding, upgrade_allowed, BadUpgrade, UpgradeAsk,
 };
 use super::idle::{Progress, ProgressIo};
 
@@ -58,11 +58,14 @@ pub enum ForwardError {
         #[source]
         source: BoxError,
     },
-    /// The next hop answered 101 to a request that asked for no upgrade.
-    #[error("{target} switched protocols unasked")]
-    UnaskedUpgrade {
+    /// The next hop answered 101 without completing the upgrade the
+    /// request asked for (or to a request that asked for none).
+    #[error("{target} switched protocols unsafely: {why}")]
+    BadUpgrade {
         /// The base URL.
         target: String,
+        /// What is wrong with the 101.
+        why: BadUpgrade,
     },
     /// Base URL plus path is not a URI.
     #[error("bad target URL {target}")]
@@ -302,7 +305,8 @@ impl Forwarder {
         base: &str,
         protocol: HopProtocol,
     ) -> Result<Response<Body>, ForwardError> {
-        let upgrade = is_upgrade_request(req.headers());
+        let ask = UpgradeAsk::of(req.headers());
+        let upgrade = ask.is_some();
         let affinity = own_connection(&mut req, upgrade, protocol);
         if affinity.is_none() {
             *req.uri_mut() = target_uri(base, req.uri())?;
@@ -356,9 +360,12 @@ impl Forwarder {
         };
 
         if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-            let Some(client_side) = client_side else {
-                return Err(ForwardError::UnaskedUpgrade {
+            // Dropping `resp` here drops the upgraded upstream connection.
+            let checked = UpgradeAsk::check(ask.as_ref(), resp.headers());
+            let (Ok(()), Some(client_side)) = (checked, client_side) else {
+                return Err(ForwardError::BadUpgrade {
                     target: base.to_string(),
+                    why: checked.err().unwrap_or(BadUpgrade::Unasked),
                 });
             };
             let peer_side = hyper::upgrade::on(&mut resp);

@@ -170,6 +170,16 @@ pub fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
             tracing::debug!(error = %e, "client request body failed");
             return Problem::new(Reason::BadBody, "the request body was malformed or cut off");
         }
+        (ForwardError::BadUpgrade { why, .. }, NextHop::App { .. }) => (
+            Reason::UpstreamBadUpgrade,
+            format!("the app switched protocols unsafely: {why}; the connection is closed"),
+        ),
+        (ForwardError::BadUpgrade { why, .. }, NextHop::Holder { role, .. }) => (
+            Reason::UpstreamBadUpgrade,
+            format!(
+                "the holder of role `{role}` switched protocols unsafely: {why}; the connection is closed"
+            ),
+        ),
         (_, NextHop::App { .. }) if timeout => (
             Reason::UpstreamTimeout,
             "the app did not answer in time".to_string(),

@@ -137,36 +137,119 @@ pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")
 }
 
-/// Whether every protocol the request's `Upgrade` names is in `allowed`
-/// (names compared without version, ignoring ASCII case). `h2c` is never
-/// allowed: a tunnel would carry requests past the gate.
+/// Whether the request's `Upgrade` names exactly one protocol and that
+/// protocol is in `allowed`: compared whole, ignoring ASCII case, so a
+/// version suffix passes only when the allowed entry has the same version
+/// (`websocket/13` is not `websocket`). `h2c` is never allowed: a tunnel
+/// would carry requests past the gate.
 pub fn upgrade_allowed(headers: &HeaderMap, allowed: &[String]) -> bool {
     // One `Upgrade` field only: the hop-by-hop strip keeps a single field, so
     // a second (or a blank first) one would make the gate approve what it
     // does not forward.
     let mut fields = headers.get_all(header::UPGRADE).iter();
-    if fields.next().is_some() && fields.next().is_some() {
+    let (Some(value), None) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    let proto = value.as_bytes().trim_ascii();
+    if proto.is_empty() || proto.contains(&b',') {
         return false;
     }
-    let mut any = false;
-    for value in headers.get_all(header::UPGRADE) {
-        for proto in value.as_bytes().split(|b| *b == b',') {
-            let proto = proto.trim_ascii();
-            if proto.is_empty() {
-                continue;
+    let name = proto.split(|b| *b == b'/').next().unwrap_or_default();
+    !name.eq_ignore_ascii_case(b"h2c")
+        && allowed
+            .iter()
+            .any(|a| a.as_bytes().eq_ignore_ascii_case(proto))
+}
+
+/// The GUID RFC 6455 appends to `Sec-WebSocket-Key`.
+const WEBSOCKET_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// What an upgrade request asked for, to check the 101 against: a 101 is
+/// bridged only when it completes this handshake, so an endpoint whose
+/// status a client can pick (`/status/101`) cannot open a raw tunnel to the
+/// app behind a non-holder.
+#[derive(Debug, Clone)]
+pub struct UpgradeAsk {
+    protocol: HeaderValue,
+    /// For WebSocket: the `Sec-WebSocket-Accept` the 101 must carry.
+    accept: Option<String>,
+}
+
+/// Why a 101 is not bridged (answered 502 `upstream-bad-upgrade`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadUpgrade {
+    /// The request asked for no upgrade.
+    #[error("it answered 101 Switching Protocols to a request that asked for no upgrade")]
+    Unasked,
+    /// The 101's `Upgrade` is not the protocol asked for.
+    #[error("its 101 Switching Protocols names another protocol than the request asked for")]
+    OtherProtocol,
+    /// The WebSocket handshake is incomplete or wrong.
+    #[error("its 101 Switching Protocols has no Sec-WebSocket-Accept matching the request's key")]
+    BadAccept,
+}
+
+impl UpgradeAsk {
+    /// The upgrade `headers` ask for (after the gateway's strip, so one
+    /// allowed protocol), or `None` when they ask for none.
+    pub fn of(headers: &HeaderMap) -> Option<Self> {
+        if !is_upgrade_request(headers) {
+            return None;
+        }
+        let protocol = headers.get(header::UPGRADE)?.clone();
+        let websocket = protocol
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"websocket");
+        let accept = websocket.then(|| {
+            // Without a key no 101 can match: an empty expectation fails below.
+            headers
+                .get("sec-websocket-key")
+                .map(|k| websocket_accept(k.as_bytes().trim_ascii()))
+                .unwrap_or_default()
+        });
+        Some(Self { protocol, accept })
+    }
+
+    /// Checks a 101's headers against the request.
+    pub fn check(ask: Option<&Self>, response: &HeaderMap) -> Result<(), BadUpgrade> {
+        let ask = ask.ok_or(BadUpgrade::Unasked)?;
+        let mut fields = response.get_all(header::UPGRADE).iter();
+        let same = match (fields.next(), fields.next()) {
+            (Some(v), None) => v
+                .as_bytes()
+                .trim_ascii()
+                .eq_ignore_ascii_case(ask.protocol.as_bytes().trim_ascii()),
+            _ => false,
+        };
+        if !same {
+            return Err(BadUpgrade::OtherProtocol);
+        }
+        match &ask.accept {
+            None => Ok(()),
+            Some(want) => {
+                let mut fields = response.get_all("sec-websocket-accept").iter();
+                match (fields.next(), fields.next()) {
+                    (Some(got), None)
+                        if !want.is_empty() && got.as_bytes().trim_ascii() == want.as_bytes() =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(BadUpgrade::BadAccept),
+                }
             }
-            let name = proto.split(|b| *b == b'/').next().unwrap_or_default();
-            if name.eq_ignore_ascii_case(b"h2c")
-                || !allowed
-                    .iter()
-                    .any(|a| a.as_bytes().eq_ignore_ascii_case(name))
-            {
-                return false;
-            }
-            any = true;
         }
     }
-    any
+}
+
+/// `base64(SHA-1(key ++ GUID))` (RFC 6455 4.2.2).
+fn websocket_accept(key: &[u8]) -> String {
+    use base64::Engine as _;
+    use sha1::Digest as _;
+    let mut sha = sha1::Sha1::new();
+    sha.update(key);
+    sha.update(WEBSOCKET_GUID);
+    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
 }
 
 fn connection_has(headers: &HeaderMap, token: &str) -> bool {
@@ -508,6 +591,18 @@ mod tests {
             "two Upgrade fields"
         );
         assert!(!upgrade_allowed(&map(&[("upgrade", " ")]), &allowed));
+        assert!(
+            !upgrade_allowed(&map(&[("upgrade", "websocket/13")]), &allowed),
+            "a version the allowed entry does not name"
+        );
+        assert!(upgrade_allowed(
+            &map(&[("upgrade", "foo/2")]),
+            &["foo/2".to_string()]
+        ));
+        assert!(!upgrade_allowed(
+            &map(&[("upgrade", "websocket, websocket")]),
+            &allowed
+        ));
         let mut h = map(&[
             ("connection", "Upgrade, HTTP2-Settings"),
             ("upgrade", "h2c"),
@@ -560,5 +655,62 @@ mod tests {
             .to_str()
             .unwrap()
             .ends_with("for=\"[::1]\";by=_gw-2;proto=http;host=\"example.com\""));
+    }
+
+    #[test]
+    fn a_101_is_bridged_only_when_it_completes_the_handshake_asked_for() {
+        // The example handshake of RFC 6455 1.3.
+        let req = map(&[
+            ("connection", "Upgrade"),
+            ("upgrade", "websocket"),
+            ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+        ]);
+        let ask = UpgradeAsk::of(&req).unwrap();
+        let good = map(&[
+            ("upgrade", "WebSocket"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        ]);
+        assert_eq!(UpgradeAsk::check(Some(&ask), &good), Ok(()));
+        let no_accept = map(&[("upgrade", "websocket")]);
+        assert_eq!(
+            UpgradeAsk::check(Some(&ask), &no_accept),
+            Err(BadUpgrade::BadAccept)
+        );
+        let wrong = map(&[
+            ("upgrade", "websocket"),
+            ("sec-websocket-accept", "AAAAAAAAAAAAAAAAAAAAAAAAAAA="),
+        ]);
+        assert_eq!(
+            UpgradeAsk::check(Some(&ask), &wrong),
+            Err(BadUpgrade::BadAccept)
+        );
+        let other = map(&[
+            ("upgrade", "foo"),
+            ("sec-websocket-accept", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+        ]);
+        assert_eq!(
+            UpgradeAsk::check(Some(&ask), &other),
+            Err(BadUpgrade::OtherProtocol)
+        );
+        assert_eq!(UpgradeAsk::check(None, &good), Err(BadUpgrade::Unasked));
+        let keyless =
+            UpgradeAsk::of(&map(&[("connection", "upgrade"), ("upgrade", "websocket")])).unwrap();
+        assert_eq!(
+            UpgradeAsk::check(Some(&keyless), &no_accept),
+            Err(BadUpgrade::BadAccept)
+        );
+        let foo = UpgradeAsk::of(&map(&[("connection", "upgrade"), ("upgrade", "foo/2")])).unwrap();
+        assert_eq!(
+            UpgradeAsk::check(Some(&foo), &map(&[("upgrade", "foo/2")])),
+            Ok(())
+        );
+        assert_eq!(
+            UpgradeAsk::check(Some(&foo), &map(&[("upgrade", "foo/3")])),
+            Err(BadUpgrade::OtherProtocol)
+        );
+        assert!(
+            UpgradeAsk::of(&map(&[("upgrade", "websocket")])).is_none(),
+            "no Connection: upgrade"
+        );
     }
 }

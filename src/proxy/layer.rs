@@ -17,7 +17,7 @@ use tower::{Layer, Service};
 use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder, HopProtocol};
 use super::gate::{GateSettings, GateTarget, Settled};
-use super::headers::strip_rolegate;
+use super::headers::{strip_rolegate, UpgradeAsk};
 use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
@@ -123,7 +123,7 @@ impl Gate {
         if self.target.is_none() {
             return Ok(false);
         }
-        let readings = super::canonical::readings(path)?;
+        let readings = super::canonical::match_readings(path, self.fold_case)?;
         if self.prefixes.is_empty() {
             return Ok(true);
         }
@@ -277,7 +277,9 @@ where
                     gate.settings.take_hop(&mut req);
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
-                    return inner.call(req).await;
+                    let ask = UpgradeAsk::of(req.headers());
+                    let answer = inner.call(req).await;
+                    return answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate));
                 }
             };
             let forwarded = gate.settings.take_hop(&mut req);
@@ -292,14 +294,34 @@ where
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     req.extensions_mut().insert::<HeldLease>(lease);
+                    let ask = UpgradeAsk::of(req.headers());
                     // Counted until the inner service answers (a handover waits).
                     let answer = inner.call(req).await;
                     drop(work);
-                    answer
+                    answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate))
                 }
                 Settled::Answered(resp, _) => Ok(resp),
             }
         })
+    }
+}
+
+/// An in-process app's 101 passes only when it completes the upgrade the
+/// request asked for, as the gateway requires of an app behind it; any other
+/// is answered 502 `upstream-bad-upgrade` (hyper then switches nothing).
+fn checked_switch(resp: Response<Body>, ask: Option<&UpgradeAsk>, gate: &Gate) -> Response<Body> {
+    if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        return resp;
+    }
+    match UpgradeAsk::check(ask, resp.headers()) {
+        Ok(()) => resp,
+        Err(why) => {
+            let p = Problem::new(
+                Reason::UpstreamBadUpgrade,
+                format!("the app switched protocols unsafely: {why}"),
+            );
+            gate.settings.reject(p).0
+        }
     }
 }
 

@@ -27,6 +27,9 @@ pub enum Reason {
     UpstreamUnreachable,
     /// The local app did not send a response head in time.
     UpstreamTimeout,
+    /// The next hop answered 101 Switching Protocols without completing the
+    /// upgrade the request asked for; both connections are closed.
+    UpstreamBadUpgrade,
     /// The request itself is unusable (e.g. no leading slash, a control
     /// byte in the decoded path, two `Host` fields).
     BadRequest,
@@ -46,7 +49,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::MissingKey,
         Reason::HolderUnknown,
         Reason::HolderUnreachable,
@@ -54,6 +57,7 @@ impl Reason {
         Reason::AlreadyForwarded,
         Reason::UpstreamUnreachable,
         Reason::UpstreamTimeout,
+        Reason::UpstreamBadUpgrade,
         Reason::BadRequest,
         Reason::BadKey,
         Reason::AmbiguousPath,
@@ -72,6 +76,7 @@ impl Reason {
             Reason::AlreadyForwarded => "already-forwarded",
             Reason::UpstreamUnreachable => "upstream-unreachable",
             Reason::UpstreamTimeout => "upstream-timeout",
+            Reason::UpstreamBadUpgrade => "upstream-bad-upgrade",
             Reason::BadRequest => "bad-request",
             Reason::BadKey => "bad-key",
             Reason::AmbiguousPath => "ambiguous-path",
@@ -91,7 +96,7 @@ impl Reason {
             | Reason::BadBody => StatusCode::BAD_REQUEST,
             Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Reason::PeerCertificateRequired => StatusCode::FORBIDDEN,
-            Reason::UpstreamUnreachable => StatusCode::BAD_GATEWAY,
+            Reason::UpstreamUnreachable | Reason::UpstreamBadUpgrade => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -106,6 +111,7 @@ impl Reason {
             Reason::AlreadyForwarded => "Request already forwarded once",
             Reason::UpstreamUnreachable => "Upstream app unreachable",
             Reason::UpstreamTimeout => "Upstream app did not answer in time",
+            Reason::UpstreamBadUpgrade => "Upstream switched protocols unsafely",
             Reason::BadRequest => "Bad request",
             Reason::BadKey => "Partition key ambiguous",
             Reason::AmbiguousPath => "Path ambiguous",
@@ -188,6 +194,13 @@ impl Problem {
         }
         resp.headers_mut()
             .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if self.reason == Reason::UpstreamBadUpgrade {
+            // The client may have sent bytes meant for the tunnel after its
+            // request: they must never be read as requests. (HTTP/2 servers
+            // drop this field; only HTTP/1.1 upgrades a connection.)
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
         let text = format!("{}: {}", self.reason.title(), self.detail);
         resp.extensions_mut().insert(ProblemText(text));
         resp

@@ -46,6 +46,9 @@ pub fn canonical_prefix(prefix: &str, fold_case: bool) -> Result<String, PrefixE
         return refuse(PrefixProblem::Semicolon);
     }
     let canon = match canonical::canonical(prefix, fold_case) {
+        // Folded like a path's folded reading, so that reading matches it
+        // and two prefixes that fold alike collide.
+        Ok(canon) if fold_case => canonical::fold_reading(&canon).unwrap_or(canon),
         Ok(canon) => canon,
         Err(e) => return refuse(PrefixProblem::BadPath(e)),
     };
@@ -143,7 +146,7 @@ impl<T> RouteTable<T> {
     /// falls; `Ambiguous` when readings fall under different targets.
     pub fn find(&self, path: &str) -> Result<Option<&T>, RouteError> {
         let mut found: Option<usize> = None;
-        for reading in canonical::readings(path)? {
+        for reading in canonical::match_readings(path, self.fold_case)? {
             if let Some(i) = self.longest(&reading) {
                 match found {
                     Some(j) if j != i => return Err(RouteError::Ambiguous),
@@ -228,5 +231,50 @@ mod tests {
         case.add(&["/A".into()], "A");
         assert_eq!(case.find("/a"), Ok(None));
         assert_eq!(case.find("/%41"), Ok(Some(&"A")));
+    }
+
+    #[test]
+    fn letters_a_router_folds_to_ascii_are_gated() {
+        let mut t = RouteTable::default();
+        t.add(&["/tasks".into()], "t");
+        t.add(&["/maintenance".into()], "m");
+        t.add(&["/staff".into()], "s");
+        for p in [
+            "/tas%E2%84%AAs/x",    // Kelvin sign, JavaScript toLowerCase
+            "/ma%C4%B1ntenance/x", // dotless i, Python re.IGNORECASE
+            "/MA%C4%B0NTENANCE",   // capital I with dot
+            "/ta%C5%BFks",         // long s
+        ] {
+            assert!(matches!(t.find(p), Ok(Some(_))), "{p}");
+        }
+        assert_eq!(t.find("/%EF%AC%86aff"), Ok(Some(&"s")), "ligature st");
+        assert_eq!(t.find("/sta%EF%AC%80"), Ok(Some(&"s")), "ligature ff");
+        // Case-sensitive paths fold nothing, ASCII or not.
+        let mut exact = RouteTable::new(false);
+        exact.add(&["/tasks".into()], "t");
+        assert_eq!(exact.find("/tas%E2%84%AAs"), Ok(None));
+    }
+
+    #[test]
+    fn a_folded_reading_under_another_route_is_ambiguous() {
+        let mut t = RouteTable::default();
+        t.add(&["/a".into()], "a");
+        t.add(&["/a/k".into()], "ak");
+        assert_eq!(t.find("/a/%E2%84%AA"), Err(RouteError::Ambiguous));
+        // A configured prefix is folded the same way, so it collides with
+        // its ASCII twin (the config loader refuses the pair).
+        assert_eq!(canonical_prefix("/%E2%84%AA", true).unwrap(), "/k");
+        assert_eq!(canonical_prefix("/Stra%C3%9Fe", true).unwrap(), "/strasse");
+        assert_eq!(canonical_prefix("/%E2%84%AA", false).unwrap(), "/\u{212A}");
+    }
+
+    #[test]
+    fn a_decoded_query_or_fragment_ends_the_path_in_one_reading() {
+        let mut t = RouteTable::default();
+        t.add(&["/maintenance".into()], "m");
+        assert_eq!(t.find("/maintenance%3Fx"), Ok(Some(&"m")));
+        assert_eq!(t.find("/maintenance%23x"), Ok(Some(&"m")));
+        assert_eq!(t.find("/maintenance%3f/../x"), Ok(Some(&"m")));
+        assert_eq!(t.find("/maintenancex%3F"), Ok(None));
     }
 }
