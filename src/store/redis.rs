@@ -212,7 +212,8 @@ impl LeaseStore for RedisStore {
                 inv.key(self.lease_key(&cl.role))
                     .key(self.token_key(&cl.role));
                 inv.arg(cl.held_token.map(|t| t.to_string()).unwrap_or_default())
-                    .arg(millis(cl.duration));
+                    .arg(millis(cl.duration))
+                    .arg(if cl.one_shot { "1" } else { "0" });
             }
             let out: Vec<i64> = inv
                 .invoke_async(&mut c)
