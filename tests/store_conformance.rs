@@ -1,5 +1,5 @@
 //! One body of tests run against every store: the lease contract each
-//! backend must keep (SPEC 3 and 4). The checks are in
+//! backend must keep. The checks are in
 //! `support/conformance.rs`; `tests/store_tls.rs` runs them over TLS.
 
 mod support;

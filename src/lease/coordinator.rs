@@ -435,9 +435,13 @@ impl Coordinator {
     }
 
     /// One-shot lease for bootstrap-style jobs: a single claim of `role` for
-    /// `ttl`, outside the heartbeat loop; not renewed. The returned lease is
-    /// trusted until `valid_until` (80% of `ttl` after the request was sent).
-    /// Roles registered with the heartbeat loop are refused: use `role()`.
+    /// `ttl`, outside the heartbeat loop; not renewed. It is granted only when
+    /// the role is free, released or expired in the store, so of several
+    /// calls (from other instances, or from tasks of this one) while a lease
+    /// is valid exactly one gets it; the others get `None`. The returned
+    /// lease is trusted until `valid_until` (80% of `ttl` after the request
+    /// was sent); fence the job's writes with its token. Roles registered
+    /// with the heartbeat loop are refused: use `role()`.
     pub async fn try_acquire(
         &self,
         role: &str,
@@ -455,11 +459,9 @@ impl Coordinator {
             .await
             .map_err(|_| timed_out())??;
         let t_sent = Instant::now();
-        let claims = [Claim {
-            role: name,
-            held_token: None,
-            duration: ttl,
-        }];
+        // One-shot: never renews, so a second call of this same instance
+        // while the lease is valid is refused like anyone else's.
+        let claims = [Claim::one_shot(name, ttl)];
         let grants = tokio::time::timeout(limit, store.claim(self.shared.instance(), &claims))
             .await
             .map_err(|_| timed_out())??;
@@ -476,7 +478,9 @@ impl Coordinator {
         }))
     }
 
-    /// Releases a one-shot lease.
+    /// Releases a one-shot lease: exactly the term its token names (a lease
+    /// that expired and was granted again is not touched). True when it was
+    /// still held.
     pub async fn release(&self, lease: OneShotLease) -> Result<bool, CoordinatorError> {
         let released = self
             .shared

@@ -100,7 +100,7 @@ impl LeaseStore for MemoryStore {
                         .or_insert_with(|| Self::blank(now));
                     let live = rec.holder.is_some() && rec.expires_at > now;
                     let mine = rec.holder.as_deref() == Some(instance.id.as_str());
-                    if live && !mine {
+                    if live && (!mine || c.one_shot) {
                         continue;
                     }
                     if !(live && mine && c.held_token == Some(rec.token)) {

@@ -63,6 +63,33 @@ pub struct Claim {
     pub held_token: Option<u64>,
     /// How long the store keeps the term without renewal.
     pub duration: Duration,
+    /// A one-shot claim: granted only when the role is free, released or
+    /// expired, never over an unexpired term of this same instance (two
+    /// tasks of one process must not both run a one-shot job).
+    pub one_shot: bool,
+}
+
+impl Claim {
+    /// A heartbeat claim: renews `held_token` if it is still the current
+    /// term, else asks for a new term.
+    pub fn renewable(role: RoleName, held_token: Option<u64>, duration: Duration) -> Self {
+        Self {
+            role,
+            held_token,
+            duration,
+            one_shot: false,
+        }
+    }
+
+    /// A one-shot claim of `role` for `duration` (see [`Claim::one_shot`]).
+    pub fn one_shot(role: RoleName, duration: Duration) -> Self {
+        Self {
+            role,
+            held_token: None,
+            duration,
+            one_shot: true,
+        }
+    }
 }
 
 /// A role granted to the caller by a claim: renewed (same token) or a new term.
@@ -120,7 +147,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Acquires or renews each role in one round trip. For each claim the store
     /// grants when the role is free, released, expired, or already held by this
     /// instance; it keeps the token only when `held_token` equals the current
-    /// unexpired term, and starts a new term (token + 1) otherwise. Roles not in
+    /// unexpired term, and starts a new term (a greater token) otherwise. A
+    /// [one-shot](Claim::one_shot) claim is granted only when the role is
+    /// free, released or expired: an unexpired term of this instance counts
+    /// as taken, and two such claims racing have one winner. Roles not in
     /// the answer were denied.
     fn claim<'a>(
         &'a self,
@@ -129,7 +159,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>>;
 
     /// Releases the given terms if this instance still holds them, in one round
-    /// trip, and announces the change. Returns the roles released.
+    /// trip, and announces the change: exactly the term each token names, never
+    /// a later one of the same role. Returns the roles released.
     fn release<'a>(
         &'a self,
         instance: &'a InstanceInfo,

@@ -184,12 +184,14 @@ impl LeaseStore for PostgresStore {
                 .map(|c| c.held_token.map(|t| t as i64))
                 .collect();
             let durations: Vec<i64> = claims.iter().map(|c| millis(c.duration)).collect();
+            let one_shot: Vec<bool> = claims.iter().map(|c| c.one_shot).collect();
             let query = sqlx::query_as::<_, GrantRow>(&self.sql.claim)
                 .bind(&roles)
                 .bind(&held)
                 .bind(&durations)
                 .bind(&instance.id)
                 .bind(&instance.address)
+                .bind(&one_shot)
                 .fetch_all(&self.pool);
             let rows = self.run("claim", query).await?;
             Ok(rows.into_iter().map(Grant::from).collect())

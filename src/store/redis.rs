@@ -1,12 +1,18 @@
 //! Redis store: one Redis primary is the source of truth. Each role is a
 //! hash `{ns}:lease:{role}` (holder, address, token) with a server-side `PX`
-//! TTL, so expiry is judged by Redis's clock; a persistent counter
-//! `{ns}:token:{role}` is `INCR`ed for every new term. Claim, release and
-//! snapshot are each one atomic Lua script over the whole batch; a term
-//! change publishes on `{ns}:changes`. The scripts are in `redis/*.lua`.
+//! TTL, so expiry is judged by Redis's clock; a counter `{ns}:token:{role}`
+//! holds the last token, and a new term's token is the greater of the
+//! counter + 1 and Redis's time in microseconds, so tokens never go back
+//! even when a restart without persistence loses the counter. Claim,
+//! release and snapshot are each one atomic Lua script over the whole batch;
+//! a term change publishes on `{ns}:changes`. The scripts are in
+//! `redis/*.lua`.
 //!
-//! Asynchronous replication can lose a lease (or a token increment) on
-//! failover to a replica: see `docs/stores.md`.
+//! Asynchronous replication can lose a lease on failover to a replica, and a
+//! restart without persistence loses every lease: both are logged once at
+//! start ([`durability`]); see `docs/stores.md`.
+
+mod durability;
 
 use std::time::Duration;
 
@@ -111,6 +117,9 @@ impl RedisStore {
             .await
             .map_err(self.error("connect"))?;
         *slot = Some(c.clone());
+        // The first connection of this store (the manager reconnects on its
+        // own after that), so the settings are asked once, off the call's path.
+        tokio::spawn(durability::check(c.clone(), self.at.clone()));
         Ok(c)
     }
 
@@ -212,7 +221,8 @@ impl LeaseStore for RedisStore {
                 inv.key(self.lease_key(&cl.role))
                     .key(self.token_key(&cl.role));
                 inv.arg(cl.held_token.map(|t| t.to_string()).unwrap_or_default())
-                    .arg(millis(cl.duration));
+                    .arg(millis(cl.duration))
+                    .arg(if cl.one_shot { "1" } else { "0" });
             }
             let out: Vec<i64> = inv
                 .invoke_async(&mut c)

@@ -192,7 +192,10 @@ impl LeaseStore for SqliteStore {
         async move {
             let batch: Vec<serde_json::Value> = claims
                 .iter()
-                .map(|c| serde_json::json!({"role": c.role, "held": c.held_token, "ms": millis(c.duration)}))
+                .map(|c| {
+                    let once = u8::from(c.one_shot);
+                    serde_json::json!({"role": c.role, "held": c.held_token, "ms": millis(c.duration), "once": once})
+                })
                 .collect();
             let rows = sqlx::query_as::<_, GrantRow>(&self.sql.claim)
                 .bind(&instance.id)

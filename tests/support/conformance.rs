@@ -1,6 +1,7 @@
-//! The lease contract every store must keep (SPEC 3 and 4), as one body of
-//! checks: `tests/store_conformance.rs` runs each as its own test against
-//! every backend, and `tests/store_tls.rs` runs them all against stores
+//! The lease contract every store must keep (terms, tokens, expiry,
+//! release, presence, one-shot claims), as one body of checks:
+//! `tests/store_conformance.rs` runs each as its own test against every
+//! backend, and `tests/store_tls.rs` runs them all against stores
 //! opened over TLS. Each check takes a fresh store (its own table or key
 //! namespace).
 
@@ -9,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rolegate::store::{Claim, InstanceInfo, LeaseStore, RoleName};
+use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
 
 /// `for_each_check!(m!(args))` calls `m!(args; check, check, ...)` with the
 /// name of every check.
@@ -25,7 +27,10 @@ macro_rules! for_each_check {
             release_notification_reaches_a_waiting_instance,
             names_over_128_bytes_are_refused,
             batched_claims_cover_many_roles_in_one_call,
-            presence_lists_live_members_and_forgets_gone_ones
+            presence_lists_live_members_and_forgets_gone_ones,
+            one_shot_claims_from_one_instance_have_exactly_one_winner,
+            one_shot_claim_is_refused_while_the_first_is_valid,
+            one_shot_lease_expires_and_the_next_claim_gets_a_greater_token
         }
     };
 }
@@ -101,11 +106,7 @@ pub fn roles(names: &[&str]) -> Vec<RoleName> {
 }
 
 pub fn claim(name: &str, held: Option<u64>, ms: u64) -> Claim {
-    Claim {
-        role: role(name),
-        held_token: held,
-        duration: Duration::from_millis(ms),
-    }
+    Claim::renewable(role(name), held, Duration::from_millis(ms))
 }
 
 pub async fn grant(
@@ -368,4 +369,157 @@ pub async fn presence_lists_live_members_and_forgets_gone_ones(
     let seen = store.presence(&c, true, ttl).await.unwrap();
     assert!(!ids(&seen).contains(&a.id), "a expired: {seen:?}");
     assert!(ids(&seen).contains(&c.id));
+}
+
+/// A coordinator (one instance) on `store`, its loop holding a role of its
+/// own, for the one-shot checks: `try_acquire` is what a user calls.
+async fn one_shot_coordinator(store: &Arc<dyn LeaseStore>, scale: Scale) -> Coordinator {
+    let timings = LeaseTimings {
+        duration: Duration::from_millis(scale.ms(1_000)),
+        renew_interval: Duration::from_millis(scale.ms(300)),
+        safety_margin: Duration::from_millis(scale.ms(200)),
+    };
+    let c = CoordinatorBuilder::new(store.clone())
+        .instance_name("once")
+        .advertise("http://127.0.0.1:10999")
+        .role("loop-held", timings)
+        .start()
+        .expect("coordinator starts");
+    c.ready(Duration::from_secs(10 * scale.factor))
+        .await
+        .expect("coordinator ready");
+    c
+}
+
+/// Several one-shot claims of one free role from tasks of one instance at
+/// once: exactly one wins (a timer firing twice must not run the job twice).
+pub async fn one_shot_claims_from_one_instance_have_exactly_one_winner(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let c = one_shot_coordinator(&store, scale).await;
+    let ttl = Duration::from_millis(scale.ms(5_000));
+    for round in 0..3 {
+        let job = format!("job-{round}");
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, job) = (c.clone(), job.clone());
+                tokio::spawn(async move { c.try_acquire(&job, ttl).await })
+            })
+            .collect();
+        let mut tokens = Vec::new();
+        for t in tasks {
+            if let Some(lease) = t.await.expect("task").expect("one-shot claim") {
+                tokens.push(lease.lease.token);
+            }
+        }
+        assert_eq!(
+            tokens.len(),
+            1,
+            "round {round}: exactly one of 4 concurrent one-shot claims from one instance wins, \
+             got tokens {tokens:?}"
+        );
+    }
+    c.shutdown().await;
+}
+
+/// A one-shot lease is exclusive while it is valid, against this instance
+/// and others; `release` frees exactly the grant it names, and the next
+/// claim gets a greater token.
+pub async fn one_shot_claim_is_refused_while_the_first_is_valid(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let c = one_shot_coordinator(&store, scale).await;
+    let other = one_shot_coordinator(&store, scale).await;
+    let ttl = Duration::from_millis(scale.ms(30_000));
+    let before = std::time::Instant::now();
+    let first = c
+        .try_acquire("bootstrap", ttl)
+        .await
+        .expect("claim")
+        .expect("a free role is granted");
+    let after = std::time::Instant::now();
+    // Trusted for 80 % of ttl, measured from before the claim was sent.
+    assert!(
+        first.valid_until >= before + ttl.mul_f64(0.8)
+            && first.valid_until <= after + ttl.mul_f64(0.8),
+        "valid_until is 80 % of ttl after the claim was sent"
+    );
+    assert!(first.is_valid());
+    let again = c.try_acquire("bootstrap", ttl).await.expect("claim");
+    assert!(
+        again.is_none(),
+        "a second one-shot claim by the same instance while the first is valid is refused, \
+         got token {:?} (first {})",
+        again.map(|l| l.lease.token),
+        first.lease.token
+    );
+    assert!(other
+        .try_acquire("bootstrap", ttl)
+        .await
+        .expect("claim")
+        .is_none());
+    assert!(c.release(first.clone()).await.expect("release"));
+    let second = c
+        .try_acquire("bootstrap", ttl)
+        .await
+        .expect("claim")
+        .expect("a released role is granted at once");
+    assert!(
+        second.lease.token > first.lease.token,
+        "{} -> {}",
+        first.lease.token,
+        second.lease.token
+    );
+    // Releasing the first grant again frees nothing: the second stays taken.
+    assert!(!c.release(first).await.expect("release"));
+    assert!(other
+        .try_acquire("bootstrap", ttl)
+        .await
+        .expect("claim")
+        .is_none());
+    assert!(c
+        .try_acquire("bootstrap", ttl)
+        .await
+        .expect("claim")
+        .is_none());
+    assert!(c.release(second).await.expect("release"));
+    c.shutdown().await;
+    other.shutdown().await;
+}
+
+/// A one-shot lease is not renewed: once its ttl has passed in the store,
+/// the role is free again, and the next claim (by the same instance) begins
+/// a new term with a greater token.
+pub async fn one_shot_lease_expires_and_the_next_claim_gets_a_greater_token(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let c = one_shot_coordinator(&store, scale).await;
+    let ttl = Duration::from_millis(scale.ms(300));
+    let first = c
+        .try_acquire("nightly", ttl)
+        .await
+        .expect("claim")
+        .expect("a free role is granted");
+    assert!(c
+        .try_acquire("nightly", ttl)
+        .await
+        .expect("claim")
+        .is_none());
+    scale.past(400).await;
+    assert!(!first.is_valid(), "not trusted past its ttl");
+    let next = c
+        .try_acquire("nightly", ttl)
+        .await
+        .expect("claim")
+        .expect("an expired one-shot lease frees the role");
+    assert!(
+        next.lease.token > first.lease.token,
+        "{} -> {}",
+        first.lease.token,
+        next.lease.token
+    );
+    c.shutdown().await;
 }

@@ -320,24 +320,51 @@ pub struct PrivateServer {
 impl PrivateServer {
     /// A Redis with an append-only file, so its data survives a restart.
     pub fn redis() -> Self {
+        Self::redis_with(&[
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+        ])
+    }
+
+    /// A Redis that keeps nothing across a restart (`--save ''
+    /// --appendonly no`), as Redis is often run.
+    pub fn redis_without_persistence() -> Self {
+        Self::redis_with(&["--appendonly", "no", "--save", ""])
+    }
+
+    /// A Redis without persistence that replicates the one on `primary`.
+    pub fn redis_replica_of(primary: u16) -> Self {
+        Self::redis_with(&[
+            "--appendonly",
+            "no",
+            "--save",
+            "",
+            "--replicaof",
+            "127.0.0.1",
+            &primary.to_string(),
+        ])
+    }
+
+    /// A Redis on a free port with its files in a directory of its own and
+    /// `extra` options.
+    fn redis_with(extra: &[&str]) -> Self {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("rolegate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let args = vec![
+        let mut args: Vec<String> = vec![
             "--port".into(),
             port.to_string(),
             "--bind".into(),
             "127.0.0.1".into(),
             "--dir".into(),
             dir.display().to_string(),
-            "--appendonly".into(),
-            "yes".into(),
-            "--appendfsync".into(),
-            "always".into(),
-            "--save".into(),
-            "".into(),
         ];
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut s = Self {
             program: require_binary("redis-server"),
             args,

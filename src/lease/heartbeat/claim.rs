@@ -96,11 +96,11 @@ impl HeartbeatLoop {
             let free_turn = r.next_attempt <= now && self.may_take_free(i, now);
             if held_token.is_some() || (!draining && free_turn) {
                 let meta = self.shared.role(i);
-                claims.push(Claim {
-                    role: meta.name.clone(),
+                claims.push(Claim::renewable(
+                    meta.name.clone(),
                     held_token,
-                    duration: meta.timings.duration,
-                });
+                    meta.timings.duration,
+                ));
                 which.push(i);
             }
         }

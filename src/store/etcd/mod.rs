@@ -25,10 +25,14 @@
 //!
 //! Per tick and instance: one keep-alive, one range read, and (only when
 //! taking roles) one transaction per role sent concurrently — O(1) round trips.
+//!
+//! A one-shot claim puts its key on an etcd lease of its own that is never
+//! kept alive ([`once`]), so the term ends at its TTL.
 
 mod keepalive;
 mod keys;
 mod members;
+mod once;
 mod presence;
 
 use std::collections::HashMap;
@@ -122,6 +126,9 @@ pub struct EtcdStore {
     /// starts just after it, so no change between that read and the watch
     /// goes unnoticed (0: none yet, or compacted away).
     read_revision: Arc<AtomicI64>,
+    /// The etcd lease of each one-shot term, by instance and token, so a
+    /// release can name it ([`once`]).
+    one_shot: std::sync::Mutex<HashMap<(String, u64), once::OneShotTerm>>,
 }
 
 impl EtcdStore {
@@ -181,6 +188,7 @@ impl EtcdStore {
             ns: namespace.to_string(),
             leases: std::sync::Mutex::new(HashMap::new()),
             read_revision: Arc::new(AtomicI64::new(0)),
+            one_shot: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -272,6 +280,69 @@ impl EtcdStore {
         *slot = Some(InstanceLease::new(granted.id(), ttl));
         Ok((granted.id(), ttl, term))
     }
+
+    /// Keeps the instance lease alive and acquires or renews each role on it.
+    async fn claim_renewable(
+        &self,
+        instance: &InstanceInfo,
+        claims: &[&Claim],
+    ) -> Result<Vec<Grant>, StoreError> {
+        let durations = claims.iter().map(|c| c.duration);
+        let (Some(shortest), Some(need)) = (durations.clone().min(), durations.max()) else {
+            return Ok(Vec::new());
+        };
+        self.members.tune(shortest);
+        let (lease, ttl, renewed_in) = self.keep_alive(&instance.id, need).await?;
+        let (current, read_in) = self.read_roles().await?;
+        if renewed_in != 0 && read_in != 0 && renewed_in != read_in {
+            // A leader frozen past an election answers keep-alives in
+            // its old term for a moment after it resumes, renewing
+            // nothing the cluster keeps. The linearizable read after it
+            // names the current term: trust the renewal only when they
+            // match (the leader of that term held a quorum throughout).
+            return Err(StoreError::unavailable(
+                format!("etcd at {}: keep-alive failed", self.at),
+                format!("answered in Raft term {renewed_in}, but the cluster is in term {read_in}; renewing again"),
+            ));
+        }
+        let value = self.holder_value(instance, ttl)?;
+        let mut grants = Vec::new();
+        let mut attempts = Vec::new();
+        for c in claims {
+            // The lease TTL must cover the role's duration, or the store term
+            // would end before the caller's trust window.
+            if c.duration > ttl {
+                tracing::warn!(role = %c.role, "role duration exceeds the instance's etcd lease TTL; not claimed");
+                continue;
+            }
+            let seen = match current.get(c.role.as_str()) {
+                Some(k)
+                    if k.holder.holder == instance.id
+                        && k.lease == lease
+                        && Some(k.token) == c.held_token =>
+                {
+                    // Renewed by the keep-alive above.
+                    grants.push(Grant {
+                        role: c.role.to_string(),
+                        token: k.token,
+                    });
+                    continue;
+                }
+                // Ours but not the term the caller holds: a new term, put
+                // over the key in one write, so the role is never free.
+                Some(k) if k.holder.holder == instance.id => Some(k.token),
+                Some(_) => continue,
+                None => None,
+            };
+            attempts.push(self.begin_term(c.role.to_string(), seen, &value, lease));
+        }
+        for result in join_all(attempts).await {
+            if let Some((role, token)) = result? {
+                grants.push(Grant { role, token });
+            }
+        }
+        Ok(grants)
+    }
 }
 
 impl LeaseStore for EtcdStore {
@@ -313,55 +384,13 @@ impl LeaseStore for EtcdStore {
         claims: &'a [Claim],
     ) -> BoxFuture<'a, Result<Vec<Grant>, StoreError>> {
         async move {
-            let durations = claims.iter().map(|c| c.duration);
-            let (Some(shortest), Some(need)) = (durations.clone().min(), durations.max()) else {
-                return Ok(Vec::new());
-            };
-            self.members.tune(shortest);
-            let (lease, ttl, renewed_in) = self.keep_alive(&instance.id, need).await?;
-            let (current, read_in) = self.read_roles().await?;
-            if renewed_in != 0 && read_in != 0 && renewed_in != read_in {
-                // A leader frozen past an election answers keep-alives in
-                // its old term for a moment after it resumes, renewing
-                // nothing the cluster keeps. The linearizable read after it
-                // names the current term: trust the renewal only when they
-                // match (the leader of that term held a quorum throughout).
-                return Err(StoreError::unavailable(
-                    format!("etcd at {}: keep-alive failed", self.at),
-                    format!("answered in Raft term {renewed_in}, but the cluster is in term {read_in}; renewing again"),
-                ));
-            }
-            let value = self.holder_value(instance, ttl)?;
-            let mut grants = Vec::new();
-            let mut attempts = Vec::new();
-            for c in claims {
-                // The lease TTL must cover the role's duration, or the store term
-                // would end before the caller's trust window.
-                if c.duration > ttl {
-                    tracing::warn!(role = %c.role, "role duration exceeds the instance's etcd lease TTL; not claimed");
-                    continue;
-                }
-                let seen = match current.get(c.role.as_str()) {
-                    Some(k) if k.holder.holder == instance.id && k.lease == lease && Some(k.token) == c.held_token => {
-                        // Renewed by the keep-alive above.
-                        grants.push(Grant {
-                            role: c.role.to_string(),
-                            token: k.token,
-                        });
-                        continue;
-                    }
-                    // Ours but not the term the caller holds: a new term, put
-                    // over the key in one write, so the role is never free.
-                    Some(k) if k.holder.holder == instance.id => Some(k.token),
-                    Some(_) => continue,
-                    None => None,
-                };
-                attempts.push(self.begin_term(c.role.to_string(), seen, &value, lease));
-            }
-            for result in join_all(attempts).await {
-                if let Some((role, token)) = result? {
-                    grants.push(Grant { role, token });
-                }
+            // One-shot terms never touch the instance lease (their own end
+            // at their TTL), nor its keep-alive timings.
+            let (once, renewable): (Vec<&Claim>, Vec<&Claim>) =
+                claims.iter().partition(|c| c.one_shot);
+            let mut grants = self.claim_renewable(instance, &renewable).await?;
+            if !once.is_empty() {
+                grants.extend(self.claim_once(instance, &once).await?);
             }
             Ok(grants)
         }
@@ -374,21 +403,26 @@ impl LeaseStore for EtcdStore {
         held: &'a [(RoleName, u64)],
     ) -> BoxFuture<'a, Result<Vec<String>, StoreError>> {
         async move {
-            // Keys of this instance are attached to its lease; without one it holds none.
+            // Keys of this instance are attached to its lease, or for a
+            // one-shot term to that term's own; with neither it holds none.
             let lease = self.slot(&instance.id).lock().await.as_ref().map(|l| l.id);
-            let Some(lease) = lease else {
-                return Ok(Vec::new());
-            };
-            let attempts = held.iter().map(|(role, token)| async move {
-                let key = self.lease_key(role);
-                let txn = Txn::new()
-                    .when([
-                        Compare::mod_revision(key.clone(), CompareOp::Equal, *token as i64),
-                        Compare::lease(key.clone(), CompareOp::Equal, lease),
-                    ])
-                    .and_then([TxnOp::delete(key, None)]);
-                let resp = self.write_txn(txn, "release").await?;
-                Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
+            let attempts = held.iter().filter_map(|(role, token)| {
+                let one_shot = self.one_shot_lease(&instance.id, *token);
+                let lease = one_shot.or(lease)?;
+                Some(async move {
+                    let key = self.lease_key(role);
+                    let txn = Txn::new()
+                        .when([
+                            Compare::mod_revision(key.clone(), CompareOp::Equal, *token as i64),
+                            Compare::lease(key.clone(), CompareOp::Equal, lease),
+                        ])
+                        .and_then([TxnOp::delete(key, None)]);
+                    let resp = self.write_txn(txn, "release").await?;
+                    if resp.succeeded() && one_shot.is_some() {
+                        self.forget_one_shot(&instance.id, *token);
+                    }
+                    Ok::<_, StoreError>(resp.succeeded().then(|| role.to_string()))
+                })
             });
             let mut released = Vec::new();
             for r in join_all(attempts).await {

@@ -1,9 +1,11 @@
 -- $1 roles, $2 held tokens (NULL: none), $3 durations in ms, $4 instance id,
--- $5 instance address. Takes every role that is free, released, expired or
--- already held by $4, keeps the token only when $4 holds the unexpired term
--- $2, and starts a new term (token + 1) otherwise. Returns the granted roles.
+-- $5 instance address, $6 one-shot flags. Takes every role that is free,
+-- released, expired or already held by $4 (unless the claim is one-shot),
+-- keeps the token only when $4 holds the unexpired term $2, and starts a new
+-- term (token + 1) otherwise. Returns the granted roles.
 WITH req AS (
-    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS r(role, held_token, duration_ms)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], $6::bool[])
+        AS r(role, held_token, duration_ms, one_shot)
 ), now AS MATERIALIZED (
     SELECT clock_timestamp() AS ts
 ), takeable AS MATERIALIZED (
@@ -13,7 +15,7 @@ WITH req AS (
     SELECT l.role,
            (l.holder_id = $4 AND l.token = r.held_token AND l.expires_at > now.ts) AS renew
     FROM {table} l JOIN req r ON r.role = l.role CROSS JOIN now
-    WHERE l.holder_id IS NULL OR l.holder_id = $4 OR l.expires_at <= now.ts
+    WHERE l.holder_id IS NULL OR (l.holder_id = $4 AND NOT r.one_shot) OR l.expires_at <= now.ts
     ORDER BY l.role
     FOR UPDATE OF l SKIP LOCKED
 )
