@@ -11,6 +11,7 @@
 //! curl localhost:3001/                            # not gated: runs where it lands
 //! ```
 
+use std::future::IntoFuture;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -80,16 +81,25 @@ async fn main() -> anyhow::Result<()> {
         instance = coordinator.instance_id(),
         "axum example listening"
     );
-    axum::serve(
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
-    // Release every held role so another copy takes over at once.
+    .with_graceful_shutdown({
+        let stop = stop.clone();
+        async move { stop.notified().await }
+    });
+    let server = tokio::spawn(server.into_future());
+    let _ = tokio::signal::ctrl_c().await;
+    // The order that works: stop accepting, and at the same time let the
+    // coordinator drain local work (up to its drain bound, 10 s by default),
+    // end what is left (a stream is cut, so its connection can close), and
+    // release every held role so another copy takes over at once. Waiting
+    // for the server first would wait for streams that never end.
+    stop.notify_one();
     coordinator.shutdown().await;
+    server.await??;
     Ok(())
 }
 

@@ -35,6 +35,10 @@ pub const PARTITION_ROLES_HELD: &str = "rolegate_partition_roles_held";
 /// member), `surplus` (handed over to even the shares), `leave` (taken from
 /// a member that left).
 pub const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
+/// Counter: local streams, tunnels and requests ended because the term they
+/// were admitted under ended, by `role` and `reason` (handover, stop,
+/// fail-close, lost).
+pub const STREAMS_ENDED: &str = "rolegate_streams_ended_total";
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.
 pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
@@ -93,6 +97,10 @@ fn describe() {
         "partition roles moved, by cause (join, surplus, leave)"
     );
     describe_counter!(
+        STREAMS_ENDED,
+        "local streams, tunnels and requests ended with their term, by role and reason"
+    );
+    describe_counter!(
         HEALTH_WITHDRAWALS,
         "times this instance stopped contending because its app failed its health check"
     );
@@ -118,7 +126,7 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 17] = [
+pub const OUTCOMES: [&str; 18] = [
     "local",
     "forwarded",
     "passthrough",
@@ -136,6 +144,7 @@ pub const OUTCOMES: [&str; 17] = [
     "upstream-unreachable",
     "upstream-timeout",
     "upstream-bad-upgrade",
+    "term-ended",
 ];
 
 static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLock::new();

@@ -190,6 +190,9 @@ pub struct PartitionConfig {
     /// How long membership must be stable before surplus roles are handed
     /// over (default 2 × `renew_interval`).
     pub rebalance_delay: Duration,
+    /// How long a balance move waits for the local work under a role before
+    /// ending it and releasing the role (default `renew_interval`).
+    pub handover_drain: Duration,
 }
 
 /// A resolved, validated configuration.
@@ -295,6 +298,7 @@ impl Config {
                 count: p.count,
                 timings: p.lease,
                 balance: p.balance.then_some(p.rebalance_delay),
+                handover_drain: Some(p.handover_drain),
             })
             .collect()
     }

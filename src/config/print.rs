@@ -133,6 +133,7 @@ struct Partition {
     lease: Timings,
     balance: bool,
     rebalance_delay: String,
+    handover_drain: String,
 }
 
 #[derive(Serialize)]
@@ -267,6 +268,7 @@ impl Config {
                     lease: timings(&p.lease),
                     balance: p.balance,
                     rebalance_delay: text(p.rebalance_delay),
+                    handover_drain: text(p.handover_drain),
                 })
                 .collect(),
             routes: self.routes.iter().map(route).collect(),

@@ -217,6 +217,7 @@ pub(super) struct RawPartition {
     pub(super) safety_margin: Option<Text>,
     pub(super) balance: Option<bool>,
     pub(super) rebalance_delay: Option<Text>,
+    pub(super) handover_drain: Option<Text>,
 }
 
 #[derive(Deserialize)]

@@ -84,12 +84,18 @@ impl Resolver<'_> {
                 &format!("partitions[{i}].rebalance_delay"),
                 timings.renew_interval * 2,
             )?;
+            let handover_drain = self.duration(
+                &p.handover_drain,
+                &format!("partitions[{i}].handover_drain"),
+                timings.renew_interval,
+            )?;
             partitions.push(PartitionConfig {
                 name,
                 count,
                 lease: timings,
                 balance: p.balance.unwrap_or(true),
                 rebalance_delay,
+                handover_drain,
             });
         }
         Ok(partitions)

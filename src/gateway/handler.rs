@@ -11,10 +11,12 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use super::GatewayError;
+use crate::body::TermBody;
 use crate::config::{Config, RouteTarget};
 use crate::events::EventLog;
 use crate::lease::Coordinator;
-use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls};
+use crate::lease::LocalWork;
+use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls, TunnelWork};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
 use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
 use crate::proxy::hop::HopSigner;
@@ -165,7 +167,7 @@ impl GatewayState {
             .settle(target, req, Some(client), forwarded)
             .await
         {
-            Settled::Local(req, lease, work) => {
+            Settled::Local(mut req, lease, work) => {
                 if let Some(log) = &self.events {
                     log.admitted(
                         &self.settings.instance_id,
@@ -174,11 +176,20 @@ impl GatewayState {
                         lease.checked_at,
                     );
                 }
-                let (resp, outcome) = self
-                    .to_upstream(req, client, Some((lease.role, lease.token)))
-                    .await;
+                // The work ends with its term: while the app has not answered,
+                // the exchange is dropped (the app sees its connection close);
+                // a body is cut; an upgrade takes the work into its tunnel.
+                let over = work.over();
+                let slot = TunnelWork::new(work);
+                req.extensions_mut().insert(slot.clone());
+                let role = lease.role.clone();
+                let upstream = self.to_upstream(req, client, Some((lease.role, lease.token)));
+                let (resp, outcome) = tokio::select! {
+                    answer = upstream => answer,
+                    _ = over => self.settings.reject(term_ended(role, slot.reason())),
+                };
                 // The work counts as running until its body has streamed.
-                return finish(grpc, resp, outcome, Some(Box::new(work)));
+                return finish(grpc, resp, outcome, slot.take());
             }
             Settled::Answered(resp, outcome) => (resp, outcome),
         };
@@ -391,12 +402,24 @@ fn refuse_request(req: &Request<Body>) -> Option<Problem> {
     })
 }
 
-/// Counts the outcome and tracks the body while it streams.
+/// The 503 for a local request whose term ended before the app answered.
+fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
+    metrics::counter!(telemetry::STREAMS_ENDED, "role" => role.to_string(), "reason" => reason)
+        .increment(1);
+    Problem::new(
+        Reason::TermEnded,
+        format!("role `{role}` moved while this request ran here; it was cut off and may have partly run"),
+    )
+    .role(Some(role))
+}
+
+/// Counts the outcome and tracks the body while it streams; local work
+/// counts as running until its body has streamed, and ends with its term.
 fn finish(
     grpc: bool,
     resp: Response<Body>,
     outcome: Outcome,
-    hold: Option<Box<dyn Send + Sync>>,
+    work: Option<LocalWork>,
 ) -> Response<Body> {
     let label = match outcome {
         Outcome::Local => "local",
@@ -413,5 +436,8 @@ fn finish(
     if resp.body().is_end_stream() {
         return resp;
     }
-    resp.map(|body| TrackedBody::holding(body, hold))
+    resp.map(|body| match work {
+        Some(work) => TrackedBody::holding(Body::new(TermBody::new(body, work)), None),
+        None => TrackedBody::holding(body, None),
+    })
 }

@@ -286,7 +286,8 @@ fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), Gatewa
 }
 
 /// The graceful stop: no new local work, in-flight requests drain (up to
-/// `drain_timeout`), then every held role is released in one store call.
+/// `drain_timeout`), what is left is ended (streams cut, WebSockets closed
+/// with 1012), then every held role is released in one store call.
 /// A second signal exits at once.
 async fn drain(
     config: &Config,
@@ -309,6 +310,11 @@ async fn drain(
             "drain timeout reached; closing remaining connections"
         );
     }
+    // The bound passed: end what runs under a term before the connections
+    // close (an HTTP/2 stream is reset with CANCEL, a WebSocket gets 1012).
+    coordinator.end_local_work().await;
     workers.end().await;
-    coordinator.shutdown().await;
+    // Drained above, up to the bound: what still runs under a term (an
+    // upgraded tunnel outlives its connection) is ended, then released.
+    coordinator.shutdown_now().await;
 }

@@ -85,6 +85,9 @@ pub enum NotReady {
     },
 }
 
+/// Default of [`CoordinatorBuilder::drain_timeout`] (the gateway's `shutdown.drain_timeout`).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Builds a [`Coordinator`]: who this instance is, its roles and partitions, its store.
 pub struct CoordinatorBuilder {
     store: Arc<dyn LeaseStore>,
@@ -93,6 +96,7 @@ pub struct CoordinatorBuilder {
     roles: Vec<(String, LeaseTimings)>,
     partitions: Vec<PartitionReg>,
     hook: Option<IntervalHook>,
+    drain_timeout: Duration,
 }
 
 impl CoordinatorBuilder {
@@ -105,6 +109,7 @@ impl CoordinatorBuilder {
             roles: Vec::new(),
             partitions: Vec::new(),
             hook: None,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 
@@ -132,7 +137,24 @@ impl CoordinatorBuilder {
     pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
         let delay = timings.renew_interval * 2;
         self.partitions
-            .push((name.into(), count, timings, Some(delay)));
+            .push((name.into(), count, timings, Some(delay), None));
+        self
+    }
+
+    /// How long a balance move of a registered partition's role waits for
+    /// the local work running under it before ending that work and releasing
+    /// the role. Default: the partition's renew interval.
+    pub fn handover_drain(mut self, partition: &str, drain: Duration) -> Self {
+        for p in self.partitions.iter_mut().filter(|p| p.0 == partition) {
+            p.4 = Some(drain);
+        }
+        self
+    }
+
+    /// How long [`Coordinator::shutdown`] waits for local work before ending
+    /// it and releasing every role. Default 10 s.
+    pub fn drain_timeout(mut self, drain: Duration) -> Self {
+        self.drain_timeout = drain;
         self
     }
 
@@ -155,6 +177,9 @@ impl CoordinatorBuilder {
             self = self
                 .partition(p.name.as_str(), p.count, p.timings)
                 .balance(p.name.as_str(), p.balance);
+            if let Some(drain) = p.handover_drain {
+                self = self.handover_drain(p.name.as_str(), drain);
+            }
         }
         self
     }
@@ -178,12 +203,21 @@ impl CoordinatorBuilder {
         };
         let shared = Arc::new(LeaseState::new(instance, self.store, registry, self.hook));
         shared.set_task(tokio::spawn(HeartbeatLoop::new(shared.clone()).run()));
-        Ok(Coordinator { shared })
+        Ok(Coordinator {
+            shared,
+            drain_timeout: self.drain_timeout,
+        })
     }
 }
 
-/// A partition as registered: name, count, timings, balance.
-type PartitionReg = (String, u32, LeaseTimings, Option<Duration>);
+/// A partition as registered: name, count, timings, balance, handover drain.
+type PartitionReg = (
+    String,
+    u32,
+    LeaseTimings,
+    Option<Duration>,
+    Option<Duration>,
+);
 
 /// Checks every name, timing and count once, and lays the roles out in
 /// order: declared roles first, then each partition's roles in a block.
@@ -216,7 +250,7 @@ fn register(
     for (name, timings) in roles {
         push(RoleName::new(&name)?, timings, &mut registry)?;
     }
-    for (name, count, timings, balance) in partitions {
+    for (name, count, timings, balance, handover_drain) in partitions {
         RoleName::new(&name)?;
         if count == 0 || count > MAX_PARTITION_COUNT {
             return Err(CoordinatorError::PartitionCount(name, count));
@@ -229,6 +263,7 @@ fn register(
             count,
             first,
             balance,
+            handover_drain: handover_drain.unwrap_or(timings.renew_interval),
         };
         if registry.partitions.insert(name.clone(), meta).is_some() {
             return Err(CoordinatorError::DuplicateRole(name));
@@ -244,6 +279,7 @@ fn register(
 #[derive(Clone)]
 pub struct Coordinator {
     shared: Arc<LeaseState>,
+    drain_timeout: Duration,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -415,15 +451,41 @@ impl Coordinator {
         self.shared.is_draining()
     }
 
-    /// Graceful stop: ends local belief, releases every held role in one store
+    /// Graceful stop: admits no new local work and tells the work running
+    /// that its term is ending; waits for it up to the drain bound
+    /// ([`CoordinatorBuilder::drain_timeout`], default 10 s); ends what is
+    /// left; then ends local belief, releases every held role in one store
     /// call (so a waiting instance takes over at once), and stops the loop.
     pub async fn shutdown(&self) {
+        self.begin_drain();
+        let all: Vec<usize> = (0..self.shared.role_count()).collect();
+        self.shared.wait_idle(&all, self.drain_timeout).await;
+        self.shutdown_now().await;
+    }
+
+    /// [`shutdown`](Self::shutdown) without waiting for local work: for
+    /// callers that drained it themselves. Work still running is ended
+    /// (told its term is over) before the roles are released.
+    pub async fn shutdown_now(&self) {
         self.begin_drain();
         self.shared.request_stop();
         let task = self.shared.take_task();
         if let Some(task) = task {
             let _ = task.await;
         }
+    }
+
+    /// Ends the local work still running under any held role (streams are
+    /// cut, tunnels closed) and waits briefly for it to stop; for a stop
+    /// whose drain bound passed, before connections are closed.
+    pub(crate) async fn end_local_work(&self) {
+        let all: Vec<usize> = (0..self.shared.role_count()).collect();
+        for &i in &all {
+            self.shared
+                .terms()
+                .end_current(i, crate::lease::TermEndReason::Stop);
+        }
+        self.shared.wait_idle(&all, Duration::from_secs(1)).await;
     }
 
     /// Stops the loop without releasing anything, as a crash would. Local

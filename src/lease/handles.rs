@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::partition::{partition_index, PartitionResolution};
 use super::snapshot::RoleState;
 use super::state::LeaseState;
+use super::term::TermWatch;
 use super::HeldLease;
 
 /// Who holds a role, as this instance last saw it.
@@ -25,22 +26,50 @@ pub struct HolderInfo {
 
 /// Local work running under a role, counted until dropped (see
 /// [`RoleLease::begin_local`]).
+///
+/// The work must not outlive the term it was admitted under. A graceful end
+/// of the term (a balance move, a stop) first tells it the term is
+/// [`ending`](Self::ending), waits for it to drop up to the drain bound, then
+/// declares the term [`over`](Self::over) and releases the role; a fail-close
+/// makes it over at the trust deadline. Stop producing anything for the role
+/// once `over` resolves: from then on another instance may hold it.
 pub struct LocalWork {
-    shared: Arc<LeaseState>,
-    idx: usize,
+    watch: TermWatch,
 }
 
 impl std::fmt::Debug for LocalWork {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalWork")
-            .field("role", &self.idx)
+            .field("watch", &self.watch)
             .finish()
+    }
+}
+
+impl LocalWork {
+    /// What this work learns of its term's end (cheap to clone).
+    pub fn watch(&self) -> &TermWatch {
+        &self.watch
+    }
+
+    /// Resolves when the term is ending (a handover or a stop began) or over.
+    pub fn ending(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.watch.ending()
+    }
+
+    /// Resolves when the term is over: stop now.
+    pub fn over(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        self.watch.over()
+    }
+
+    /// True once the term is over.
+    pub fn is_over(&self) -> bool {
+        self.watch.is_over()
     }
 }
 
 impl Drop for LocalWork {
     fn drop(&mut self) {
-        self.shared.leave_local(self.idx);
+        self.watch.leave_local();
     }
 }
 
@@ -52,12 +81,12 @@ fn begin_local(
     if !shared.enter_local(idx) {
         return None;
     }
-    let work = LocalWork {
-        shared: shared.clone(),
-        idx,
+    let Some(lease) = guard() else {
+        shared.leave_local(idx);
+        return None;
     };
-    // Dropping `work` on `None` ends the count again.
-    guard().map(|lease| (lease, work))
+    let watch = TermWatch::new(shared.clone(), idx, lease.token);
+    Some((lease, LocalWork { watch }))
 }
 
 /// A registered role.

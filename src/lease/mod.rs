@@ -14,6 +14,7 @@ mod heartbeat;
 mod partition;
 mod snapshot;
 mod state;
+mod term;
 mod timings;
 
 pub use coordinator::{
@@ -23,6 +24,7 @@ pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
 pub use state::LeaseEvent;
+pub use term::{TermEndReason, TermWatch};
 pub use timings::{LeaseTimings, TimingsError, MAX_DURATION};
 
 use crate::role::RoleName;
@@ -49,6 +51,9 @@ pub struct PartitionSpec {
     /// the time membership must be stable before surplus is handed over;
     /// `None` leaves the roles where they fall (first come, first held).
     pub balance: Option<std::time::Duration>,
+    /// How long a balance move waits for local work under the role before
+    /// ending it and releasing; `None`: the renew interval.
+    pub handover_drain: Option<std::time::Duration>,
 }
 
 /// Proof, at the moment it was taken, that this instance held `role` in the

@@ -13,6 +13,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 use super::snapshot::{HolderSnapshot, RoleState};
+use super::term::Terms;
 use super::LeaseTimings;
 use crate::role::RoleName;
 use crate::store::{InstanceInfo, LeaseStore};
@@ -94,6 +95,8 @@ pub(super) struct PartitionMeta {
     pub(super) first: usize,
     /// `Some(rebalance_delay)` when the partition is balanced.
     pub(super) balance: Option<Duration>,
+    /// How long a balance move waits for local work before ending it.
+    pub(super) handover_drain: Duration,
 }
 
 /// Every registered role, in order, with lookups by name.
@@ -115,6 +118,10 @@ pub(super) struct LeaseState {
     handing_over: Vec<AtomicBool>,
     /// Per role: local requests running under it.
     in_flight: Vec<AtomicUsize>,
+    /// Woken when a role's local work drops to none.
+    idle: Notify,
+    /// Per role: the signals of its current term's local work.
+    terms: Terms,
     draining: AtomicBool,
     candidate: AtomicBool,
     /// Why this instance does not contend, when it was withdrawn with a reason.
@@ -172,6 +179,8 @@ impl LeaseState {
             names: roles.iter().map(|r| r.name.clone()).collect(),
             handing_over: roles.iter().map(|_| AtomicBool::new(false)).collect(),
             in_flight: roles.iter().map(|_| AtomicUsize::new(0)).collect(),
+            idle: Notify::new(),
+            terms: Terms::new(roles.len()),
             registry,
             snapshot: ArcSwap::from_pointee(initial),
             draining: AtomicBool::new(false),
@@ -226,9 +235,13 @@ impl LeaseState {
         self.registry.partitions.iter()
     }
 
-    /// Starts or ends the graceful handover of role `i`.
+    /// Starts or ends the graceful handover of role `i`; starting it tells
+    /// the work running under the role that its term is ending.
     pub(super) fn set_handing_over(&self, i: usize, on: bool) {
         self.handing_over[i].store(on, Ordering::SeqCst);
+        if on {
+            self.terms.begin_ending(i);
+        }
     }
 
     /// Whether role `i` is being handed over (no new local work).
@@ -251,7 +264,31 @@ impl LeaseState {
 
     /// Ends one local request under role `i`.
     pub(super) fn leave_local(&self, i: usize) {
-        self.in_flight[i].fetch_sub(1, Ordering::SeqCst);
+        if self.in_flight[i].fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Waits until no local work runs under any of `roles`, or `limit`
+    /// passes; true when none runs.
+    pub(super) async fn wait_idle(&self, roles: &[usize], limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if roles.iter().all(|&i| self.in_flight(i) == 0) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return roles.iter().all(|&i| self.in_flight(i) == 0);
+            }
+        }
+    }
+
+    /// The signals of every role's current term.
+    pub(super) fn terms(&self) -> &Terms {
+        &self.terms
     }
 
     /// Local requests running under role `i`.
@@ -286,8 +323,12 @@ impl LeaseState {
         self.draining.load(Ordering::Acquire)
     }
 
+    /// No new local work from now on; the work running is told its term is ending.
     pub(super) fn begin_drain(&self) {
         self.draining.store(true, Ordering::Release);
+        for i in 0..self.role_count() {
+            self.terms.begin_ending(i);
+        }
     }
 
     pub(super) fn is_candidate(&self) -> bool {

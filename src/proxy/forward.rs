@@ -23,6 +23,7 @@ use super::headers::{
     strip_untrusted_forwarding, upgrade_allowed, BadUpgrade, UpgradeAsk,
 };
 use super::idle::{Progress, ProgressIo};
+use crate::lease::{LocalWork, TermWatch};
 
 pub use super::affine::POOL_IDLE_TIMEOUT;
 
@@ -307,6 +308,7 @@ impl Forwarder {
     ) -> Result<Response<Body>, ForwardError> {
         let ask = UpgradeAsk::of(req.headers());
         let upgrade = ask.is_some();
+        let tunnel_work = req.extensions_mut().remove::<TunnelWork>();
         let affinity = own_connection(&mut req, upgrade, protocol);
         if affinity.is_none() {
             *req.uri_mut() = target_uri(base, req.uri())?;
@@ -369,7 +371,17 @@ impl Forwarder {
                 });
             };
             let peer_side = hyper::upgrade::on(&mut resp);
-            tokio::spawn(bridge_upgrade(client_side, peer_side, self.idle_timeout));
+            // Local work: the tunnel ends with the term it runs under.
+            let term = tunnel_work.and_then(|t| t.take()).map(|work| TunnelTerm {
+                work,
+                websocket: ask.as_ref().is_some_and(UpgradeAsk::is_websocket),
+            });
+            tokio::spawn(bridge_upgrade(
+                client_side,
+                peer_side,
+                self.idle_timeout,
+                term,
+            ));
             strip_hop_by_hop(resp.headers_mut(), true);
         } else {
             strip_hop_by_hop(resp.headers_mut(), false);
@@ -380,12 +392,50 @@ impl Forwarder {
     }
 }
 
+/// Request extension: the local work a request runs under. An upgrade that
+/// succeeds takes it into its tunnel, which then counts as that work and
+/// ends with its term; otherwise the handler takes it back for the body.
+#[derive(Clone)]
+pub(crate) struct TunnelWork {
+    work: Arc<std::sync::Mutex<Option<LocalWork>>>,
+    watch: TermWatch,
+}
+
+impl TunnelWork {
+    pub(crate) fn new(work: LocalWork) -> Self {
+        let watch = work.watch().clone();
+        Self {
+            work: Arc::new(std::sync::Mutex::new(Some(work))),
+            watch,
+        }
+    }
+
+    /// The work, unless a tunnel took it.
+    pub(crate) fn take(&self) -> Option<LocalWork> {
+        self.work.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Why the term ended (a metric label).
+    pub(crate) fn reason(&self) -> &'static str {
+        self.watch.reason().map_or("lost", |r| r.as_str())
+    }
+}
+
+/// The term a local tunnel runs under.
+struct TunnelTerm {
+    work: LocalWork,
+    /// A WebSocket gets a close frame (1012) when the term ends.
+    websocket: bool,
+}
+
 /// Copies bytes both ways once client and peer have switched protocols,
-/// until either side closes or nothing moves for `idle`.
+/// until either side closes or nothing moves for `idle`; a local tunnel
+/// also ends with its term.
 async fn bridge_upgrade(
     client_side: hyper::upgrade::OnUpgrade,
     peer_side: hyper::upgrade::OnUpgrade,
     idle: Duration,
+    term: Option<TunnelTerm>,
 ) {
     let (client, peer) = match tokio::try_join!(client_side, peer_side) {
         Ok(pair) => pair,
@@ -399,10 +449,25 @@ async fn bridge_upgrade(
     progress.touch();
     let mut client = ProgressIo::new(TokioIo::new(client), progress.clone());
     let mut peer = ProgressIo::new(TokioIo::new(peer), progress.clone());
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut client, &mut peer) => {}
-        _ = progress.idle_for(idle) => {
-            tracing::debug!(?idle, "upgraded tunnel idle; closing");
+    match term {
+        None => {
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut client, &mut peer) => {}
+                _ = progress.idle_for(idle) => {
+                    tracing::debug!(?idle, "upgraded tunnel idle; closing");
+                }
+            }
+        }
+        Some(term) => {
+            super::tunnel::bridge_until_over(
+                client,
+                peer,
+                &progress,
+                idle,
+                term.work,
+                term.websocket,
+            )
+            .await
         }
     }
 }

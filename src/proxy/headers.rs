@@ -211,6 +211,11 @@ impl UpgradeAsk {
         Some(Self { protocol, accept })
     }
 
+    /// Whether the upgrade asked for is WebSocket.
+    pub fn is_websocket(&self) -> bool {
+        self.accept.is_some()
+    }
+
     /// Checks a 101's headers against the request.
     pub fn check(ask: Option<&Self>, response: &HeaderMap) -> Result<(), BadUpgrade> {
         let ask = ask.ok_or(BadUpgrade::Unasked)?;

@@ -23,6 +23,7 @@ use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
 use super::trust::Cidr;
+use crate::body::TermBody;
 use crate::lease::{Coordinator, HeldLease};
 
 /// Options shared by both layers.
@@ -293,12 +294,36 @@ where
                 Settled::Local(mut req, lease, work) => {
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
+                    let role = lease.role.clone();
                     req.extensions_mut().insert::<HeldLease>(lease);
+                    // The app's own long work (a WebSocket task, a loop) learns
+                    // of the term's end from this.
+                    req.extensions_mut().insert(work.watch().clone());
                     let ask = UpgradeAsk::of(req.headers());
-                    // Counted until the inner service answers (a handover waits).
-                    let answer = inner.call(req).await;
-                    drop(work);
-                    answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate))
+                    // The same work lifetime as the gateway's: counted until the
+                    // body has streamed, and ended with the term (the handler is
+                    // dropped if the term ends before it answers).
+                    let over = work.over();
+                    let answer = tokio::select! {
+                        answer = inner.call(req) => answer,
+                        _ = over => {
+                            let reason = work.watch().reason().map_or("lost", |r| r.as_str());
+                            metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role.to_string(), "reason" => reason).increment(1);
+                            let p = Problem::new(
+                                Reason::TermEnded,
+                                format!("role `{role}` moved while this request ran here; it was cut off and may have partly run"),
+                            )
+                            .role(Some(role));
+                            return Ok(gate.settings.reject(p).0);
+                        }
+                    };
+                    answer.map(|resp| {
+                        let resp = checked_switch(resp, ask.as_ref(), &gate);
+                        if http_body::Body::is_end_stream(resp.body()) {
+                            return resp;
+                        }
+                        resp.map(|body| Body::new(TermBody::new(body, work)))
+                    })
                 }
                 Settled::Answered(resp, _) => Ok(resp),
             }

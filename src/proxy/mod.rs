@@ -15,6 +15,7 @@ pub mod layer;
 pub mod problem;
 pub mod routes;
 pub mod trust;
+pub(crate) mod tunnel;
 pub(crate) mod turns;
 
 pub(crate) use affine::Affinity;

@@ -42,6 +42,8 @@ pub enum Reason {
     BadBody,
     /// `CONNECT` is not proxied.
     MethodNotAllowed,
+    /// The role moved (its term ended) while a local request was running.
+    TermEnded,
     /// A hop-marked request came on a connection without a peer gateway's
     /// client certificate while `peers.require_client_cert` is set.
     PeerCertificateRequired,
@@ -49,7 +51,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::MissingKey,
         Reason::HolderUnknown,
         Reason::HolderUnreachable,
@@ -64,6 +66,7 @@ impl Reason {
         Reason::BadBody,
         Reason::MethodNotAllowed,
         Reason::PeerCertificateRequired,
+        Reason::TermEnded,
     ];
 
     /// The reason's name, as in the problem body and metrics.
@@ -83,6 +86,7 @@ impl Reason {
             Reason::BadBody => "bad-body",
             Reason::MethodNotAllowed => "method-not-allowed",
             Reason::PeerCertificateRequired => "peer-certificate-required",
+            Reason::TermEnded => "term-ended",
         }
     }
 
@@ -118,6 +122,7 @@ impl Reason {
             Reason::BadBody => "Request body malformed",
             Reason::MethodNotAllowed => "Method not allowed",
             Reason::PeerCertificateRequired => "Peer certificate required",
+            Reason::TermEnded => "Role moved while the request ran",
         }
     }
 }

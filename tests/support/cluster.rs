@@ -173,6 +173,12 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
     if path.ends_with("/ws") {
         return websocket_echo(&mut req);
     }
+    if path.ends_with("/ticks") {
+        return sse_ticks(n, req.headers());
+    }
+    if path.ends_with("/ws-ticks") {
+        return websocket_ticks(n, &mut req);
+    }
     if path.ends_with("/sse") {
         return sse_two_events(st);
     }
@@ -274,6 +280,93 @@ fn websocket_echo(req: &mut Request<Incoming>) -> Response<Body> {
                 }
             } else if msg.is_close() {
                 break;
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("upgrade", "websocket")
+        .header("connection", "Upgrade")
+        .header("sec-websocket-accept", accept)
+        .body(Body::empty())
+        .unwrap()
+}
+
+/// What one tick of `/ticks` or `/ws-ticks` says: `app{n} {role} {token} {t_ns}`,
+/// the role and token the gateway gave the request, and when the app made it
+/// (CLOCK_MONOTONIC, comparable with the gateways' event logs).
+fn tick_text(n: usize, role: &str, token: &str) -> String {
+    format!("app{n} {role} {token} {}", rolegate::events::monotonic_ns())
+}
+
+fn role_and_token(headers: &HeaderMap) -> (String, String) {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string()
+    };
+    (get("x-rolegate-role"), get("x-rolegate-token"))
+}
+
+/// `.../ticks`: an SSE stream with an event every 50 ms, for as long as the
+/// client reads.
+fn sse_ticks(n: usize, headers: &HeaderMap) -> Response<Body> {
+    let (role, token) = role_and_token(headers);
+    let stream = futures_util::stream::unfold(0u64, move |i| {
+        let (role, token) = (role.clone(), token.clone());
+        async move {
+            if i > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let event = format!("data: {}\n\n", tick_text(n, &role, &token));
+            Some((Ok::<_, std::io::Error>(Bytes::from(event)), i + 1))
+        }
+    });
+    Response::builder()
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(Body::from_stream(stream))
+        .unwrap()
+}
+
+/// `.../ws-ticks`: a WebSocket that sends a text message every 50 ms until
+/// the connection ends.
+fn websocket_ticks(n: usize, req: &mut Request<Incoming>) -> Response<Body> {
+    let Some(key) = req.headers().get("sec-websocket-key").cloned() else {
+        return Response::builder()
+            .status(400)
+            .body(Body::from("not a websocket"))
+            .unwrap();
+    };
+    let (role, token) = role_and_token(req.headers());
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    let on = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on.await else { return };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            None,
+        )
+        .await;
+        loop {
+            let text = tick_text(n, &role, &token);
+            if ws
+                .send(tokio_tungstenite::tungstenite::Message::text(text))
+                .await
+                .is_err()
+            {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                msg = ws.next() => {
+                    if !matches!(msg, Some(Ok(m)) if !m.is_close()) {
+                        return;
+                    }
+                }
             }
         }
     });
@@ -398,6 +491,8 @@ pub struct ClusterSpec {
     pub balance: bool,
     /// `rolegate run --workers N` (default: one per core).
     pub workers: Option<u16>,
+    /// `rolegate run --events FILE` (read back with `GatewayProcess::events`).
+    pub events: bool,
 }
 
 impl ClusterSpec {
@@ -419,6 +514,7 @@ impl ClusterSpec {
             ulimit: None,
             balance: false,
             workers: None,
+            events: false,
         }
     }
 
@@ -446,6 +542,7 @@ impl ClusterSpec {
             ulimit: None,
             balance: false,
             workers: None,
+            events: false,
         }
     }
 
@@ -467,6 +564,11 @@ impl ClusterSpec {
 
     pub fn with_workers(mut self, n: u16) -> Self {
         self.workers = Some(n);
+        self
+    }
+
+    pub fn with_events(mut self) -> Self {
+        self.events = true;
         self
     }
 
@@ -582,6 +684,9 @@ impl GatewayProcess {
                 if let Some(n) = spec.workers {
                     c.args(["--workers", &n.to_string()]);
                 }
+                if spec.events {
+                    c.arg("--events").arg(dir.join("events.jsonl"));
+                }
                 c
             }
             Some(limits) => {
@@ -629,6 +734,15 @@ impl GatewayProcess {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The lines of `--events` so far (see `ClusterSpec::with_events`).
+    pub fn events(&self) -> Vec<rolegate::events::Event> {
+        std::fs::read_to_string(self.dir.join("events.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     pub fn config_path(&self) -> PathBuf {

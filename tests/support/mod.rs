@@ -453,6 +453,17 @@ impl PrivateServer {
         }
     }
 
+    /// Sends `sig` (`STOP`, `CONT`, ...) to the server process.
+    pub fn signal(&self, sig: &str) {
+        if let Some(c) = &self.child {
+            let ok = Command::new("kill")
+                .args([&format!("-{sig}"), &c.id().to_string()])
+                .status()
+                .unwrap();
+            assert!(ok.success(), "kill -{sig} failed");
+        }
+    }
+
     /// Kills the server (SIGKILL), as a crash or outage would.
     pub fn stop_server(&mut self) {
         if let Some(mut c) = self.child.take() {

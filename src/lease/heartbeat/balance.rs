@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use super::HeartbeatLoop;
 use crate::lease::balance::assign;
 use crate::lease::state::Counters;
+use crate::lease::TermEndReason;
 use crate::store::Member;
 use crate::telemetry;
 
@@ -21,6 +22,8 @@ struct Balanced {
     first: usize,
     count: usize,
     rebalance_delay: Duration,
+    /// How long a move waits for local work before ending it.
+    handover_drain: Duration,
 }
 
 /// A surplus role on its way to its preferred holder.
@@ -62,6 +65,7 @@ impl Balancer {
                     first: meta.first,
                     count: meta.count as usize,
                     rebalance_delay: meta.balance?,
+                    handover_drain: meta.handover_drain,
                 })
             })
             .collect();
@@ -199,13 +203,14 @@ impl HeartbeatLoop {
             (p.first..p.first + p.count).find_map(|i| {
                 let held = self.roles[i].held.is_some_and(|h| h.published);
                 let to = b.preferred[i].as_ref().filter(|to| **to != me)?;
-                held.then(|| (i, to.clone()))
+                held.then(|| (i, to.clone(), p.handover_drain))
             })
         });
-        let Some((i, to)) = surplus else { return };
+        let Some((i, to, drain)) = surplus else {
+            return;
+        };
         // From now on no new local work is admitted under the role.
         self.shared.set_handing_over(i, true);
-        let drain = self.shared.role(i).timings.renew_interval;
         let cause = if b.grew { "join" } else { "surplus" };
         tracing::debug!(role = %self.roles[i].state.name, to = %to, cause, "handing a role over to its preferred holder");
         b.handover = Some(Handover {
@@ -234,11 +239,18 @@ impl HeartbeatLoop {
         };
         let shared = self.shared.clone();
         let name = shared.role(i).name.clone();
+        // The drain bound passed with work still running (a stream, a
+        // tunnel): it ends now, before the role goes to anyone else.
+        let ended = shared.in_flight(i);
+        if ended > 0 {
+            shared.terms().end(i, term.token, TermEndReason::Handover);
+            self.wait_work_ended(&[i]).await;
+        }
         // Local belief ends first, and is published, before the store can
         // grant the role to anyone else: as on a graceful stop, the two
         // intervals never overlap. If the release fails, the term is simply
         // abandoned here and expires in the store.
-        self.end_term(i);
+        self.end_term(i, TermEndReason::Handover);
         self.publish();
         self.roles[i].free_since = Some(Instant::now());
         self.shared.set_handing_over(i, false);
@@ -250,7 +262,7 @@ impl HeartbeatLoop {
         match result {
             Ok(Ok(_)) => {
                 metrics::counter!(telemetry::PARTITION_MOVES, "cause" => h.cause).increment(1);
-                tracing::info!(role = %name, to = %h.to, cause = h.cause, "handed role over");
+                tracing::info!(role = %name, to = %h.to, cause = h.cause, ended_work = ended, "handed role over");
             }
             Ok(Err(e)) => self.store_failed("release", &e),
             Err(_) => self.store_failed_msg("release", "timed out"),

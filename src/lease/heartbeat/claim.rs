@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use super::{HeartbeatLoop, HeldTerm};
 use crate::lease::state::{Counters, LeaseEvent};
+use crate::lease::TermEndReason;
 use crate::role::RoleName;
 use crate::store::Claim;
 use crate::telemetry;
@@ -132,7 +133,7 @@ impl HeartbeatLoop {
                     }
                     _ => {
                         // A new term. An older one still believed ends with this publish.
-                        self.end_term(i);
+                        self.end_term(i, TermEndReason::Lost);
                         Counters::bump(&shared.counters().term_changes);
                         metrics::counter!(telemetry::TERM_CHANGES, "role" => meta.name.to_string())
                             .increment(1);
@@ -162,7 +163,7 @@ impl HeartbeatLoop {
                 Counters::bump(&shared.counters().late_responses);
                 outcome.tally.add(renewing, "late");
                 tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
-                self.end_term(i);
+                self.end_term(i, TermEndReason::FailClose);
                 self.roles[i].state.token = token;
                 self.roles[i].state.holder = Some(shared.instance_id().clone());
             }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::snapshot::{HolderSnapshot, RoleState};
+use super::TermEndReason;
 mod balance;
 mod claim;
 
@@ -206,7 +207,7 @@ impl HeartbeatLoop {
     fn expire_local(&mut self, now: Instant) {
         for i in 0..self.roles.len() {
             if self.roles[i].held.is_some_and(|h| h.held_until <= now) {
-                self.end_term(i);
+                self.end_term(i, TermEndReason::FailClose);
             }
         }
     }
@@ -215,8 +216,11 @@ impl HeartbeatLoop {
     /// snapshot until the next publish, so the interval's end is recorded
     /// then: the earlier of the deadline and the moment the new snapshot is
     /// stored.
-    fn end_term(&mut self, i: usize) {
+    fn end_term(&mut self, i: usize, reason: TermEndReason) {
         if let Some(h) = self.roles[i].held.take() {
+            // Work admitted under the term stops with it (a graceful end has
+            // already stopped it, before this).
+            self.shared.terms().end(i, h.token, reason);
             self.roles[i].next_attempt = Instant::now();
             if h.published {
                 self.ended.push((i, h));
@@ -315,7 +319,7 @@ impl HeartbeatLoop {
                     // The store no longer shows our term (a newer term, a release, a
                     // rollback): it is over, whatever the deadline says.
                     tracing::warn!(role = %rec.role, token = h.token, store_token = rec.token, "the store no longer shows this instance's term; role lost");
-                    self.end_term(i);
+                    self.end_term(i, TermEndReason::Lost);
                 }
             }
             let r = &mut self.roles[i];
@@ -440,8 +444,18 @@ impl HeartbeatLoop {
                 held.push((name, r.state.token));
             }
         }
+        // Work still running is ended before anything is released.
+        let running: Vec<usize> = (0..self.roles.len())
+            .filter(|&i| self.roles[i].held.is_some())
+            .collect();
+        for &i in &running {
+            if let Some(h) = self.roles[i].held {
+                self.shared.terms().end(i, h.token, TermEndReason::Stop);
+            }
+        }
+        self.wait_work_ended(&running).await;
         for i in 0..self.roles.len() {
-            self.end_term(i);
+            self.end_term(i, TermEndReason::Stop);
         }
         self.publish();
         if held.is_empty() {
@@ -478,6 +492,25 @@ impl HeartbeatLoop {
             Ok(Err(e)) => self.store_failed("release", &e),
             Err(_) => self.store_failed_msg("release", "timed out"),
         }
+    }
+}
+
+impl HeartbeatLoop {
+    /// After a term's work was told it is over: waits, briefly, until it has
+    /// stopped, so the role is released only after its last byte. Work that
+    /// ignores the signal (a library user's own loop) is waited for no longer.
+    pub(super) async fn wait_work_ended(&self, roles: &[usize]) -> usize {
+        let grace = self.shared.tick_every().min(Duration::from_secs(1));
+        if self.shared.wait_idle(roles, grace).await {
+            return 0;
+        }
+        let left: usize = roles.iter().map(|&i| self.shared.in_flight(i)).sum();
+        tracing::warn!(
+            left,
+            ?grace,
+            "local work still running after its term ended; releasing anyway"
+        );
+        left
     }
 }
 

@@ -1,0 +1,255 @@
+//! The end of a term, as the work admitted under it sees it: local work ends
+//! no later than the term it was admitted under.
+//!
+//! Each term has two signals. *Ending*: a handover or a stop began, the drain
+//! bound is running, wrap up. *Over*: stop now. `over` fires on a graceful end
+//! at its drain bound, before the role is released, and whenever the loop
+//! ends the term for another reason (the grant lost or revoked). A fail-close
+//! needs no signal: the trust deadline is read from the published snapshot
+//! and judged at the moment, so a stalled loop still ends the work on time.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+
+use super::state::LeaseState;
+
+/// Why a term ended, as counted in `rolegate_streams_ended_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TermEndReason {
+    /// A graceful handover (partition balance) reached its drain bound.
+    Handover,
+    /// The instance stopped (`shutdown`) and its drain bound passed.
+    Stop,
+    /// The trust window ran out (store outage, pause): fail closed.
+    FailClose,
+    /// The grant is gone (taken over, revoked, released elsewhere).
+    Lost,
+}
+
+impl TermEndReason {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TermEndReason::Handover => "handover",
+            TermEndReason::Stop => "stop",
+            TermEndReason::FailClose => "fail-close",
+            TermEndReason::Lost => "lost",
+        }
+    }
+}
+
+/// The two signals of one term (one `Arc`, so local work stays small).
+#[derive(Clone, Default)]
+pub(super) struct TermSignals(Arc<SignalsInner>);
+
+#[derive(Default)]
+pub(super) struct SignalsInner {
+    ending: CancellationToken,
+    over: CancellationToken,
+    reason: OnceLock<TermEndReason>,
+}
+
+impl std::ops::Deref for TermSignals {
+    type Target = SignalsInner;
+    fn deref(&self) -> &SignalsInner {
+        &self.0
+    }
+}
+
+impl TermSignals {
+    fn end(&self, reason: TermEndReason) {
+        let _ = self.reason.set(reason);
+        self.ending.cancel();
+        self.over.cancel();
+    }
+}
+
+/// The signals of a role's current term, and the newest token already ended.
+#[derive(Default)]
+pub(super) struct TermSlot {
+    token: u64,
+    signals: Option<TermSignals>,
+    ended_through: u64,
+}
+
+/// Per role, the slot of its current term.
+pub(super) struct Terms {
+    slots: Vec<Mutex<TermSlot>>,
+}
+
+impl Terms {
+    pub(super) fn new(roles: usize) -> Self {
+        Self {
+            slots: (0..roles).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    fn slot(&self, i: usize) -> std::sync::MutexGuard<'_, TermSlot> {
+        self.slots[i].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The signals of term `token` of role `i`, made on first use. A term
+    /// that already ended gets signals that have fired: work admitted just as
+    /// its term ended stops at once.
+    pub(super) fn signals(&self, i: usize, token: u64, ending: bool) -> TermSignals {
+        let mut slot = self.slot(i);
+        if token <= slot.ended_through {
+            let s = TermSignals::default();
+            s.end(TermEndReason::Lost);
+            return s;
+        }
+        if slot.token != token || slot.signals.is_none() {
+            if let Some(old) = slot.signals.take() {
+                old.end(TermEndReason::Lost);
+            }
+            slot.token = token;
+            slot.signals = Some(TermSignals::default());
+        }
+        let s = slot.signals.clone().unwrap_or_default();
+        if ending {
+            s.ending.cancel();
+        }
+        s
+    }
+
+    /// Tells the work of role `i`'s current term to wrap up.
+    pub(super) fn begin_ending(&self, i: usize) {
+        if let Some(s) = &self.slot(i).signals {
+            s.ending.cancel();
+        }
+    }
+
+    /// Ends the work of role `i`'s current term, whatever its token.
+    pub(super) fn end_current(&self, i: usize, reason: TermEndReason) {
+        let mut slot = self.slot(i);
+        slot.ended_through = slot.ended_through.max(slot.token);
+        if let Some(s) = slot.signals.take() {
+            s.end(reason);
+        }
+    }
+
+    /// Ends the work of term `token` of role `i` (and of any older term).
+    pub(super) fn end(&self, i: usize, token: u64, reason: TermEndReason) {
+        let mut slot = self.slot(i);
+        slot.ended_through = slot.ended_through.max(token);
+        if slot.token <= token {
+            if let Some(s) = slot.signals.take() {
+                s.end(reason);
+            }
+        }
+    }
+}
+
+/// What local work learns of its term's end (see [`LocalWork`](super::LocalWork)).
+/// Cheap to clone; the layers put one on each request they run locally.
+#[derive(Clone)]
+pub struct TermWatch {
+    shared: Arc<LeaseState>,
+    idx: usize,
+    token: u64,
+    signals: TermSignals,
+}
+
+impl std::fmt::Debug for TermWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TermWatch")
+            .field("role", &self.shared.role(self.idx).name.as_str())
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl TermWatch {
+    pub(super) fn new(shared: Arc<LeaseState>, idx: usize, token: u64) -> Self {
+        let ending = shared.is_draining() || shared.is_handing_over(idx);
+        let signals = shared.terms().signals(idx, token, ending);
+        Self {
+            shared,
+            idx,
+            token,
+            signals,
+        }
+    }
+
+    /// The term's trust deadline while it lasts, judged now; `None` once it
+    /// is over (ended, lost, or past its deadline).
+    pub(crate) fn deadline(&self, now: Instant) -> Option<Instant> {
+        if self.signals.over.is_cancelled() {
+            return None;
+        }
+        let snap = self.shared.snapshot();
+        let state = &snap.roles[self.idx];
+        if state.token == self.token && state.held_now(now) {
+            state.held_until
+        } else {
+            None
+        }
+    }
+
+    /// Whether the term was ended by a signal (not by its deadline).
+    pub(crate) fn is_signalled(&self) -> bool {
+        self.signals.over.is_cancelled()
+    }
+
+    /// True once the term is over: stop the work now.
+    pub fn is_over(&self) -> bool {
+        self.deadline(Instant::now()).is_none()
+    }
+
+    /// Resolves when the term is over: ended at a drain bound, lost, or past
+    /// its trust deadline (fail-closed). No byte of the work may be produced
+    /// after it.
+    pub fn over(&self) -> impl Future<Output = ()> + Send + 'static {
+        let watch = self.clone();
+        async move {
+            while let Some(until) = watch.deadline(Instant::now()) {
+                tokio::select! {
+                    _ = watch.signals.over.cancelled() => return,
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+            }
+        }
+    }
+
+    /// Resolves when the term is ending: a handover or a stop began (its drain
+    /// bound is running), or the term is already over. Stop taking new steps
+    /// and finish what is in hand.
+    pub fn ending(&self) -> impl Future<Output = ()> + Send + 'static {
+        let ending = self.signals.ending.clone();
+        let over = self.over();
+        async move {
+            tokio::select! {
+                _ = ending.cancelled() => {}
+                _ = over => {}
+            }
+        }
+    }
+
+    /// Why the term ended, once it is over.
+    pub fn reason(&self) -> Option<TermEndReason> {
+        match self.signals.reason.get() {
+            Some(r) => Some(*r),
+            None if self.is_over() => Some(TermEndReason::FailClose),
+            None => None,
+        }
+    }
+
+    /// The role's name.
+    pub fn role(&self) -> &Arc<str> {
+        self.shared.role(self.idx).name.as_arc()
+    }
+
+    /// Ends the count of local work this watch's [`LocalWork`](super::LocalWork) held.
+    pub(super) fn leave_local(&self) {
+        self.shared.leave_local(self.idx);
+    }
+
+    /// [`over`](Self::over), boxed, for bodies that poll it.
+    pub(crate) fn over_boxed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.over())
+    }
+}
