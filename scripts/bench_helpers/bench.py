@@ -1150,7 +1150,10 @@ class Bench:
     def section_body_close(self):
         """`upstream.close_after_body`: a 1 KiB POST through a holder gateway
         with and without it, the same nginx upstream (which answers without
-        reading the body, as `return 200` does), interleaved rounds."""
+        reading the body, as `return 200` does), interleaved rounds. The
+        requests go to the routed prefix `/r` (the holder path, with the role
+        and token headers); `upstream.url` ends in `/gwX`, so nginx sees
+        `/gwX/r/post` and its `return 200` location answers `X <token>`."""
         q = self.quick
         rounds = self.a.rounds or (2 if q else 3)
         secs = 1 if q else 3
@@ -1159,7 +1162,7 @@ class Bench:
         up = free_port()
         p_up = self.start_nginx("upstream-post", nginx_upstream_conf(d, "upstream-post", up))
         self.wait_port(up, "upstream-post", p_up)
-        upstream_url = "http://127.0.0.1:%d" % up
+        upstream_url = "http://127.0.0.1:%d/gwX" % up
         gateways = {}
         for name, close in (("keep-alive (default)", False), ("close_after_body: true", True)):
             key = "close" if close else "keep"
@@ -1170,7 +1173,19 @@ class Bench:
             self.wait_ready(p, "post-" + key, admin)
             wait_until("%s holds `bench`" % name, lambda a=admin: self.held_count(a) == 1, 20)
             gateways[name] = (p, port)
-            self.wrk("http://127.0.0.1:%d/gwX/post" % port, 1, conns, post_1k=True)
+            # One POST first: it must take the holder path (nginx echoes the
+            # lease token the gateway adds) and be answered 200.
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                c.request("POST", "/r/post", body=b"x" * 1024,
+                          headers={"Content-Type": "application/octet-stream"})
+                resp = c.getresponse()
+                st, body = resp.status, resp.read()
+            finally:
+                c.close()
+            if st != 200 or not re.match(rb"X \d+\n$", body):
+                raise RuntimeError("%s: POST /r/post answered %s %r" % (name, st, body[:200]))
+            self.wrk("http://127.0.0.1:%d/r/post" % port, 1, conns, post_1k=True)
         runs = {name: [] for name in gateways}
         for rnd in range(rounds):
             order = list(gateways.items())
@@ -1178,7 +1193,7 @@ class Bench:
                 order = order[::-1]
             for name, (p, port) in order:
                 c0 = cpu_ticks(p.pid)
-                r = self.wrk("http://127.0.0.1:%d/gwX/post" % port, secs, conns, post_1k=True)
+                r = self.wrk("http://127.0.0.1:%d/r/post" % port, secs, conns, post_1k=True)
                 r["cpu_us_per_req"] = (cpu_ticks(p.pid) - c0) / CLK_TCK * 1e6 / max(1, r["requests"])
                 runs[name].append(r)
                 log("POST 1 KiB round %d %-22s %9.0f req/s p99 %s cpu %.1f us/req errors %d" % (

@@ -19,6 +19,7 @@ mod timings;
 
 pub use coordinator::{
     Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, NotReady, OneShotLease,
+    DEFAULT_DRAIN_TIMEOUT,
 };
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
