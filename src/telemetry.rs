@@ -39,6 +39,13 @@ pub const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
 /// were admitted under ended, by `role` and `reason` (handover, stop,
 /// fail-close, lost).
 pub const STREAMS_ENDED: &str = "rolegate_streams_ended_total";
+/// Gauge: role requests held now, waiting for a servable holder.
+pub const HELD_REQUESTS: &str = "rolegate_held_requests";
+/// Histogram: how long held requests waited.
+pub const HOLD_SECONDS: &str = "rolegate_hold_seconds";
+/// Counter: how holds ended, by `outcome` (held_then_local,
+/// held_then_forwarded, hold_timeout, hold_full).
+pub const HOLD_OUTCOMES: &str = "rolegate_hold_outcomes_total";
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.
 pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
@@ -96,6 +103,12 @@ fn describe() {
         PARTITION_MOVES,
         "partition roles moved, by cause (join, surplus, leave)"
     );
+    describe_gauge!(
+        HELD_REQUESTS,
+        "role requests held now, waiting for a servable holder"
+    );
+    describe_histogram!(HOLD_SECONDS, "how long held role requests waited");
+    describe_counter!(HOLD_OUTCOMES, "how holds ended, by outcome");
     describe_counter!(
         STREAMS_ENDED,
         "local streams, tunnels and requests ended with their term, by role and reason"

@@ -121,6 +121,11 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<Cidr>,
     /// Public-listener connections served at once.
     pub max_connections: usize,
+    /// How long a role request with no servable holder waits for one (0:
+    /// answered 503 at once).
+    pub hold_timeout: Duration,
+    /// Requests held at once; beyond it, 503 at once (default `max_connections`).
+    pub max_held: usize,
     /// HTTP/2 on the public listener.
     pub http2: Http2Config,
 }

@@ -161,6 +161,8 @@ struct Proxy {
     upgrades: Vec<String>,
     trusted_proxies: Vec<String>,
     max_connections: usize,
+    hold_timeout: String,
+    max_held: usize,
     http2: Http2,
 }
 
@@ -308,6 +310,8 @@ impl Config {
             upgrades: p.upgrades.clone(),
             trusted_proxies: p.trusted_proxies.iter().map(|c| c.to_string()).collect(),
             max_connections: p.max_connections,
+            hold_timeout: text(p.hold_timeout),
+            max_held: p.max_held,
             http2: Http2 {
                 enabled: p.http2.enabled,
                 max_concurrent_streams: p.http2.max_concurrent_streams,

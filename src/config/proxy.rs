@@ -45,7 +45,22 @@ impl Resolver<'_> {
             }
             Some(m) => m.value as usize,
         };
+        let hold_timeout =
+            self.duration(&raw.hold_timeout, "proxy.hold_timeout", d::HOLD_TIMEOUT)?;
+        let max_held = match &raw.max_held {
+            None => max_connections,
+            Some(m) if m.value > 1_000_000 => {
+                return Err(self.err(
+                    Some(&m.referenced),
+                    "proxy.max_held",
+                    "must be between 0 and 1000000",
+                ))
+            }
+            Some(m) => m.value as usize,
+        };
         Ok(ProxyConfig {
+            hold_timeout,
+            max_held,
             connect_timeout,
             response_header_timeout,
             retry_after: raw.retry_after.as_ref().map(|s| s.value),
@@ -108,7 +123,7 @@ impl Resolver<'_> {
             if name.is_empty()
                 || !name
                     .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'))
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'/'))
             {
                 return Err(self.err(
                     Some(&u.referenced),

@@ -257,6 +257,8 @@ pub(super) struct RawProxy {
     pub(super) upgrades: Option<Vec<Text>>,
     pub(super) trusted_proxies: Option<Vec<Text>>,
     pub(super) max_connections: Option<Spanned<u64>>,
+    pub(super) hold_timeout: Option<Text>,
+    pub(super) max_held: Option<Spanned<u64>>,
     #[serde(default)]
     pub(super) http2: RawHttp2,
 }

@@ -19,6 +19,7 @@ use crate::lease::LocalWork;
 use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls, TunnelWork};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
 use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
+use crate::proxy::hold::Holds;
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
@@ -68,6 +69,7 @@ impl GatewayState {
         config: &Config,
         coordinator: &Coordinator,
         forwarder: Forwarder,
+        holds: Arc<Holds>,
         events: Option<Arc<EventLog>>,
     ) -> Result<Self, GatewayError> {
         let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
@@ -103,6 +105,7 @@ impl GatewayState {
                 upgrades: config.proxy.upgrades.clone().into(),
                 trusted_proxies: config.proxy.trusted_proxies.clone().into(),
                 peer_protocol: config.peers.protocol,
+                holds,
             },
             upstream,
             hops_need_peer_cert: config.peers.require_client_cert,

@@ -20,6 +20,7 @@ use crate::config::Config;
 use crate::events::EventLog;
 use crate::lease::{Coordinator, CoordinatorError};
 use crate::listener::{connection_cap, raise_nofile_limit};
+use crate::proxy::hold::Holds;
 use crate::proxy::{ForwardError, Forwarder};
 use crate::store::{LeaseStore, StoreError};
 use crate::telemetry;
@@ -175,10 +176,12 @@ fn worker_states(
     events: &Option<Arc<EventLog>>,
     workers: usize,
 ) -> Result<Vec<Arc<GatewayState>>, GatewayError> {
+    // One bound on held requests for the whole process.
+    let holds = Holds::new(config.proxy.hold_timeout, config.proxy.max_held);
     (0..workers)
         .map(|_| {
             let f = forwarder(config)?;
-            let state = GatewayState::new(config, coordinator, f, events.clone())?;
+            let state = GatewayState::new(config, coordinator, f, holds.clone(), events.clone())?;
             Ok(Arc::new(state))
         })
         .collect()

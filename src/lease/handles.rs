@@ -138,6 +138,11 @@ impl RoleLease {
         self.shared.withdrawal()
     }
 
+    /// Wakes on every snapshot the coordinator publishes.
+    pub(crate) fn subscribe_published(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.subscribe_published()
+    }
+
     /// The current holder if known and unexpired (this instance included).
     pub fn current_holder(&self) -> Option<HolderInfo> {
         let snap = self.shared.snapshot();
@@ -184,6 +189,11 @@ impl RolePartition {
     /// with a reason (see [`Coordinator::withdraw`](super::Coordinator::withdraw)).
     pub fn withdrawal(&self) -> Option<Arc<str>> {
         self.shared.withdrawal()
+    }
+
+    /// Wakes on every snapshot the coordinator publishes.
+    pub(crate) fn subscribe_published(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.subscribe_published()
     }
 
     /// How many roles the partition has.

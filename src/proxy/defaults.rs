@@ -17,3 +17,5 @@ pub const UPGRADES: &[&str] = &["websocket"];
 pub const MAX_CONNECTIONS: usize = 10_000;
 /// `proxy.http2.max_concurrent_streams`: streams one HTTP/2 client may have open at once.
 pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+/// `proxy.hold_timeout`: how long a role request with no servable holder waits for one.
+pub const HOLD_TIMEOUT: Duration = Duration::from_secs(1);

@@ -183,6 +183,12 @@ impl Forwarder {
         self
     }
 
+    /// How long a hop with a body waits for the holder's `100 Continue`
+    /// before sending the body anyway.
+    pub(crate) fn admission_patience(&self) -> Duration {
+        self.response_header_timeout.min(Duration::from_secs(1))
+    }
+
     /// Sets how long an upgraded tunnel may move no byte either way.
     pub fn with_idle_timeout(mut self, idle: Duration) -> Self {
         self.idle_timeout = idle;

@@ -9,7 +9,8 @@ use axum::body::Body;
 use http::{HeaderMap, Request, Response, Uri};
 
 use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext, HopProtocol};
-use super::headers::HOP;
+use super::headers::{HOP, REFUSED};
+use super::hold::{HeldSlot, Holds};
 use super::hop::HopSigner;
 use super::keys::{KeyError, KeyExtractor};
 use super::problem::{is_grpc, Problem, Reason};
@@ -41,6 +42,14 @@ impl GateTarget {
         match self {
             GateTarget::Role(lease) => lease.withdrawal(),
             GateTarget::Partition { partition, .. } => partition.withdrawal(),
+        }
+    }
+
+    /// Wakes on every snapshot the coordinator publishes.
+    fn subscribe_published(&self) -> tokio::sync::watch::Receiver<u64> {
+        match self {
+            GateTarget::Role(lease) => lease.subscribe_published(),
+            GateTarget::Partition { partition, .. } => partition.subscribe_published(),
         }
     }
 
@@ -249,6 +258,22 @@ pub struct GateSettings {
     /// How hops to peer gateways are spoken. gRPC always takes HTTP/2: its
     /// trailers cannot cross an HTTP/1.1 hop undeclared.
     pub peer_protocol: HopProtocol,
+    /// Holding requests that have no servable holder right now.
+    pub holds: Arc<Holds>,
+}
+
+/// How one attempt to forward a request ended.
+enum Attempt {
+    /// Answered (by the holder, or with a refusal of our own).
+    Answered(Response<Body>, Outcome),
+    /// Nothing of the request left this gateway, or the holder refused it
+    /// before reading any of it: it may go to the next holder.
+    NotSent(Request<Body>, Problem),
+}
+
+/// The method a refusal is signed over (the hop marker signs the method).
+fn refusal_method(method: &http::Method) -> String {
+    format!("REFUSED {method}")
 }
 
 impl GateSettings {
@@ -309,6 +334,149 @@ impl GateSettings {
         ok || looped
     }
 
+    /// Forwards one hop to the holder's gateway. With holding on, a request
+    /// that provably did not leave (the connection failed, or the holder
+    /// refused it unread) comes back to be held and sent elsewhere.
+    async fn forward_once(
+        &self,
+        req: Request<Body>,
+        client: Option<SocketAddr>,
+        address: &str,
+        role: Arc<str>,
+        partition: Option<Arc<str>>,
+    ) -> Attempt {
+        if self.holds.timeout.is_zero() {
+            let (resp, outcome) = self
+                .forward_to_holder(req, client, address, role, partition)
+                .await;
+            return Attempt::Answered(resp, outcome);
+        }
+        // What is needed to send the request again, taken before the hop's
+        // headers are added.
+        let (parts, body) = req.into_parts();
+        let again = Request::builder()
+            .method(parts.method.clone())
+            .uri(parts.uri.clone())
+            .version(parts.version);
+        let headers = parts.headers.clone();
+        let extensions = (
+            parts
+                .extensions
+                .get::<super::forward::ArrivedOverTls>()
+                .copied(),
+            parts.extensions.get::<ForwardedHop>().copied(),
+        );
+        let method = parts.method.clone();
+        let path = parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str().to_owned())
+            .unwrap_or_else(|| "/".into());
+        // A hop with a body waits for the holder's admission (`100 Continue`).
+        let await_admission = !http_body::Body::is_end_stream(&body)
+            && self.peer_protocol == HopProtocol::Http1
+            && !is_grpc(&parts.headers);
+        let patience = self.forwarder.admission_patience();
+        let (body, reclaim) = super::hold::Reclaim::new(body, await_admission, patience);
+        let mut req = Request::from_parts(parts, Body::new(body));
+        if await_admission {
+            req.headers_mut().insert(
+                http::header::EXPECT,
+                http::HeaderValue::from_static("100-continue"),
+            );
+            let admitted = reclaim.clone();
+            hyper::ext::on_informational(&mut req, move |res| {
+                if res.status() == http::StatusCode::CONTINUE {
+                    admitted.admit();
+                }
+            });
+        }
+        let answer = self.forward_raw(req, client, address).await;
+        let unsent = |problem: Problem| {
+            let body = reclaim.take_back()?;
+            let mut req = again.body(body).ok()?;
+            *req.headers_mut() = headers.clone();
+            if let Some(tls) = extensions.0 {
+                req.extensions_mut().insert(tls);
+            }
+            if let Some(hop) = extensions.1 {
+                req.extensions_mut().insert(hop);
+            }
+            Some(Attempt::NotSent(req, problem))
+        };
+        let hop = NextHop::Holder {
+            role: &role,
+            address,
+        };
+        match answer {
+            Err(e @ ForwardError::Connect { .. }) if !reclaim.is_taken() => {
+                let problem = failure_problem(&e, hop)
+                    .role(Some(role.clone()))
+                    .partition(partition.clone());
+                if let Some(a) = unsent(problem.clone()) {
+                    return a;
+                }
+                let (resp, outcome) = self.reject(problem);
+                Attempt::Answered(resp, outcome)
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, sent = reclaim.is_taken(), "hop failed; not sent again");
+                let (resp, outcome) = self.reject(
+                    failure_problem(&e, hop)
+                        .role(Some(role.clone()))
+                        .partition(partition),
+                );
+                Attempt::Answered(resp, outcome)
+            }
+            Ok(mut resp) => {
+                let refused = resp.headers_mut().remove(REFUSED);
+                let verified = refused
+                    .is_some_and(|v| self.signer.verify(&v, &refusal_method(&method), &path));
+                if verified && resp.status() == http::StatusCode::SERVICE_UNAVAILABLE {
+                    let problem = Problem::new(
+                        Reason::HolderUnknown,
+                        format!("role `{role}` is moving; its last holder no longer admits it"),
+                    )
+                    .role(Some(role.clone()))
+                    .partition(partition);
+                    if let Some(a) = unsent(problem) {
+                        return a;
+                    }
+                }
+                Attempt::Answered(resp, Outcome::Forwarded)
+            }
+        }
+    }
+
+    /// One hop to `address`, as prepared for a peer.
+    async fn forward_raw(
+        &self,
+        mut req: Request<Body>,
+        client: Option<SocketAddr>,
+        address: &str,
+    ) -> Result<Response<Body>, ForwardError> {
+        let trusted = self.trusts(&req, client);
+        prepare_headers(&mut req, self.hop_context(trusted, client, true));
+        let path = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_owned();
+        if let Some(marker) = self
+            .signer
+            .marker(&self.instance_id, req.method().as_str(), &path)
+        {
+            req.headers_mut().insert(HOP, marker);
+        }
+        let protocol = if is_grpc(req.headers()) {
+            HopProtocol::Http2
+        } else {
+            self.peer_protocol
+        };
+        self.forwarder.proxy_to_peer(req, address, protocol).await
+    }
+
     /// Forwards one hop to the holder's gateway; failures become 503s.
     pub async fn forward_to_holder(
         &self,
@@ -354,32 +522,119 @@ impl GateSettings {
     }
 
     /// Settles a gated request: answers it (forwarded to the holder, or
-    /// refused), or hands it back with the lease to run it here.
+    /// refused), or hands it back with the lease to run it here. A request
+    /// with no servable holder right now is held until the view names one
+    /// (see [`super::hold`]).
     pub async fn settle(
         &self,
         target: &GateTarget,
-        req: Request<Body>,
+        mut req: Request<Body>,
         client: Option<SocketAddr>,
         forwarded: bool,
     ) -> Settled {
-        match target.decide(req.uri(), req.headers(), forwarded) {
-            Decision::Local(lease, work) => Settled::Local(req, lease, work),
-            Decision::Forward { address, role } => {
-                let started = std::time::Instant::now();
-                let partition = target.partition_label();
-                let (resp, outcome) = self
-                    .forward_to_holder(req, client, &address, role, partition)
-                    .await;
-                crate::telemetry::request_metrics()
-                    .forward_holder
-                    .record(started.elapsed().as_secs_f64());
-                Settled::Answered(resp, outcome)
+        let mut held: Option<HeldSlot> = None;
+        // Subscribed only once a hold is needed (then decided again at once,
+        // so no change between the first look and the subscription is lost).
+        let mut views: Option<tokio::sync::watch::Receiver<u64>> = None;
+        let deadline = tokio::time::Instant::now() + self.holds.timeout;
+        loop {
+            if let Some(v) = views.as_mut() {
+                // Seen before deciding: a change after this wakes the hold below.
+                v.borrow_and_update();
             }
-            Decision::Reject(p) => {
-                let (resp, outcome) = self.reject(p);
-                Settled::Answered(resp, outcome)
+            let problem = match target.decide(req.uri(), req.headers(), forwarded) {
+                Decision::Local(lease, work) => {
+                    if let Some(h) = held.take() {
+                        h.done("held_then_local");
+                    }
+                    return Settled::Local(req, lease, work);
+                }
+                Decision::Forward { address, role } => {
+                    let started = std::time::Instant::now();
+                    let partition = target.partition_label();
+                    let attempt = self
+                        .forward_once(req, client, &address, role, partition)
+                        .await;
+                    crate::telemetry::request_metrics()
+                        .forward_holder
+                        .record(started.elapsed().as_secs_f64());
+                    match attempt {
+                        Attempt::Answered(resp, outcome) => {
+                            if let Some(h) = held.take() {
+                                h.done("held_then_forwarded");
+                            }
+                            return Settled::Answered(resp, outcome);
+                        }
+                        Attempt::NotSent(back, problem) => {
+                            req = back;
+                            problem
+                        }
+                    }
+                }
+                Decision::Reject(p) if p.reason == Reason::HolderUnknown => p,
+                Decision::Reject(p) => {
+                    let (p, refused) = self.refusal(p, &req);
+                    let (mut resp, outcome) = self.reject(p);
+                    if let Some(v) = refused {
+                        resp.headers_mut().insert(REFUSED, v);
+                    }
+                    return Settled::Answered(resp, outcome);
+                }
+            };
+            if self.holds.timeout.is_zero() {
+                let (resp, outcome) = self.reject(problem);
+                return Settled::Answered(resp, outcome);
+            }
+            if held.is_none() {
+                match self.holds.enter() {
+                    Some(slot) => held = Some(slot),
+                    None => {
+                        metrics::counter!(crate::telemetry::HOLD_OUTCOMES, "outcome" => "hold_full")
+                            .increment(1);
+                        let (resp, outcome) = self.reject(problem);
+                        return Settled::Answered(resp, outcome);
+                    }
+                }
+            }
+            let Some(v) = views.as_mut() else {
+                views = Some(target.subscribe_published());
+                continue;
+            };
+            tokio::select! {
+                changed = v.changed() => {
+                    if changed.is_err() {
+                        let (resp, outcome) = self.reject(problem);
+                        return Settled::Answered(resp, outcome);
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    if let Some(h) = held.take() {
+                        h.done("hold_timeout");
+                    }
+                    let (resp, outcome) = self.reject(problem);
+                    return Settled::Answered(resp, outcome);
+                }
             }
         }
+    }
+
+    /// A refusal of a forwarded hop this instance did not admit carries the
+    /// signed `X-Rolegate-Refused`: the body was not read, so the forwarding
+    /// gateway may hold the request for the next holder.
+    fn refusal(&self, p: Problem, req: &Request<Body>) -> (Problem, Option<http::HeaderValue>) {
+        let hop = req.extensions().get::<ForwardedHop>().is_some();
+        if p.reason != Reason::AlreadyForwarded || !hop {
+            return (p, None);
+        }
+        let path = req
+            .uri()
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/");
+        let marker = self
+            .signer
+            .marker(&self.instance_id, &refusal_method(req.method()), path);
+        (p, marker)
     }
 
     /// Answers with a problem, counted as rejected for its reason.

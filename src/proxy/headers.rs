@@ -14,6 +14,11 @@ pub const ROLE: HeaderName = HeaderName::from_static("x-rolegate-role");
 pub const TOKEN: HeaderName = HeaderName::from_static("x-rolegate-token");
 /// The hop marker between gateways.
 pub const HOP: HeaderName = HeaderName::from_static("x-rolegate-hop");
+/// On a holder gateway's 503 to a forwarded hop it did not admit (it does
+/// not hold the role, or is handing it over): signed like the hop marker,
+/// it tells the forwarding gateway that none of the request was read, so
+/// the request may be held and sent to the next holder.
+pub const REFUSED: HeaderName = HeaderName::from_static("x-rolegate-refused");
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");

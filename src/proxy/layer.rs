@@ -43,6 +43,11 @@ pub struct LayerOptions {
     pub trusted_proxies: Vec<Cidr>,
     /// How hops to holders are spoken (default HTTP/1.1; gRPC always HTTP/2).
     pub peer_protocol: HopProtocol,
+    /// How long a gated request with no servable holder waits for one
+    /// (default 1 s; zero answers 503 at once), as the gateway's `proxy.hold_timeout`.
+    pub hold_timeout: std::time::Duration,
+    /// Requests a layer holds at once; beyond it, 503 at once.
+    pub max_held: usize,
 }
 
 impl LayerOptions {
@@ -67,6 +72,8 @@ impl LayerOptions {
                 .map(|s| s.to_string())
                 .collect(),
             trusted_proxies: Vec::new(),
+            hold_timeout: proxy_defaults::HOLD_TIMEOUT,
+            max_held: proxy_defaults::MAX_CONNECTIONS,
         })
     }
 }
@@ -95,6 +102,7 @@ impl Gate {
                 upgrades: options.upgrades.into(),
                 trusted_proxies: options.trusted_proxies.into(),
                 peer_protocol: options.peer_protocol,
+                holds: super::hold::Holds::new(options.hold_timeout, options.max_held),
             },
         }
     }

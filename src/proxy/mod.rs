@@ -8,6 +8,7 @@ pub mod forward;
 pub mod gate;
 pub(crate) mod h2pool;
 pub mod headers;
+pub mod hold;
 pub mod hop;
 pub mod idle;
 pub mod keys;

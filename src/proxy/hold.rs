@@ -1,0 +1,220 @@
+//! Holding a role request that has no servable holder right now (the
+//! holder is unknown or expired, this instance is handing the role over or
+//! draining, the hop could not be sent, the holder refused it before reading
+//! any of it): the request waits, woken by the coordinator's view changing,
+//! and is then served where the view says. Bounded by `proxy.hold_timeout`
+//! and `proxy.max_held`. A held request's body stays unread on its socket.
+//!
+//! A request is never sent twice: it is sent again only when none of it can
+//! have reached an app or been admitted by a peer. [`Reclaim`] is the body
+//! that knows: until the first poll the body is still ours to take back, and
+//! a hop with a body waits for the holder's `100 Continue` (its admission)
+//! before the first poll.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use futures_util::task::AtomicWaker;
+
+use crate::telemetry;
+
+/// The bounds of holding, shared by every request of a process.
+#[derive(Debug)]
+pub struct Holds {
+    /// `proxy.hold_timeout` (zero: answer 503 at once).
+    pub timeout: Duration,
+    max: usize,
+    now: AtomicUsize,
+}
+
+impl Holds {
+    /// Holding for up to `timeout`, at most `max` requests at once.
+    pub fn new(timeout: Duration, max: usize) -> Arc<Self> {
+        Arc::new(Self {
+            timeout,
+            max,
+            now: AtomicUsize::new(0),
+        })
+    }
+
+    /// A place among the held requests, unless `max_held` are held already.
+    pub(crate) fn enter(self: &Arc<Self>) -> Option<HeldSlot> {
+        let mut n = self.now.load(Ordering::Relaxed);
+        loop {
+            if n >= self.max {
+                return None;
+            }
+            match self
+                .now
+                .compare_exchange_weak(n, n + 1, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(seen) => n = seen,
+            }
+        }
+        metrics::gauge!(telemetry::HELD_REQUESTS).increment(1.0);
+        Some(HeldSlot {
+            holds: self.clone(),
+            since: std::time::Instant::now(),
+        })
+    }
+}
+
+/// One held request; counted until dropped.
+#[derive(Debug)]
+pub(crate) struct HeldSlot {
+    holds: Arc<Holds>,
+    since: std::time::Instant,
+}
+
+impl HeldSlot {
+    /// Records how the hold ended (`held_then_local`, `held_then_forwarded`,
+    /// `hold_timeout`) and how long it lasted.
+    pub(crate) fn done(self, outcome: &'static str) {
+        metrics::histogram!(telemetry::HOLD_SECONDS).record(self.since.elapsed().as_secs_f64());
+        metrics::counter!(telemetry::HOLD_OUTCOMES, "outcome" => outcome).increment(1);
+    }
+}
+
+impl Drop for HeldSlot {
+    fn drop(&mut self) {
+        self.holds.now.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!(telemetry::HELD_REQUESTS).decrement(1.0);
+    }
+}
+
+/// What [`Reclaim`] and its owner share.
+#[derive(Default)]
+struct Shared {
+    body: Mutex<Option<Body>>,
+    /// The body was polled: some of it may have left.
+    taken: AtomicBool,
+    /// The next hop admitted the request (`100 Continue`), or no admission is awaited.
+    admitted: AtomicBool,
+    waker: AtomicWaker,
+}
+
+/// The owner's side of a [`Reclaim`] body.
+#[derive(Clone)]
+pub(crate) struct ReclaimHandle(Arc<Shared>);
+
+impl ReclaimHandle {
+    /// The body back, if no byte of it can have been sent.
+    pub(crate) fn take_back(&self) -> Option<Body> {
+        if self.0.taken.load(Ordering::Acquire) {
+            return None;
+        }
+        self.0.body.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// Whether the body was polled (some of it may have been sent).
+    pub(crate) fn is_taken(&self) -> bool {
+        self.0.taken.load(Ordering::Acquire)
+    }
+
+    /// The next hop admitted the request: the body may go.
+    pub(crate) fn admit(&self) {
+        self.0.admitted.store(true, Ordering::Release);
+        self.0.waker.wake();
+    }
+}
+
+/// A request body that stays the sender's until it is first polled, and is
+/// only polled once the next hop admitted the request.
+pub(crate) struct Reclaim {
+    shared: Arc<Shared>,
+    body: Option<Body>,
+    size: http_body::SizeHint,
+    end: bool,
+    /// Sends the body anyway after this long without an admission (a peer
+    /// that never answers `100 Continue`), as RFC 9110 10.1.1 allows.
+    wait: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Reclaim {
+    /// `body`, to be admitted first when `await_admission` (then the body
+    /// goes anyway after `patience`).
+    pub(crate) fn new(
+        body: Body,
+        await_admission: bool,
+        patience: Duration,
+    ) -> (Self, ReclaimHandle) {
+        let size = http_body::Body::size_hint(&body);
+        let end = http_body::Body::is_end_stream(&body);
+        let shared = Arc::new(Shared {
+            body: Mutex::new(Some(body)),
+            admitted: AtomicBool::new(!await_admission),
+            ..Shared::default()
+        });
+        let handle = ReclaimHandle(shared.clone());
+        let wait = await_admission.then(|| Box::pin(tokio::time::sleep(patience)));
+        (
+            Self {
+                shared,
+                body: None,
+                size,
+                end,
+                wait,
+            },
+            handle,
+        )
+    }
+}
+
+impl http_body::Body for Reclaim {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if this.body.is_none() {
+            if !this.shared.admitted.load(Ordering::Acquire) {
+                this.shared.waker.register(cx.waker());
+                let patient = this
+                    .wait
+                    .as_mut()
+                    .is_some_and(|w| w.as_mut().poll(cx).is_pending());
+                if !this.shared.admitted.load(Ordering::Acquire) && patient {
+                    return Poll::Pending;
+                }
+            }
+            this.shared.taken.store(true, Ordering::Release);
+            let body = this
+                .shared
+                .body
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            match body {
+                Some(b) => this.body = Some(b),
+                None => return Poll::Ready(None),
+            }
+        }
+        match this.body.as_mut() {
+            Some(b) => Pin::new(b).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.body {
+            Some(b) => b.is_end_stream(),
+            None => self.end,
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match &self.body {
+            Some(b) => b.size_hint(),
+            None => self.size,
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! Role moves invisible to clients: a role request that has no servable
+//! holder right now waits at the gateway (up to `proxy.hold_timeout`) and is
+//! then served by the new holder, and no request is ever sent twice.
+//!
+//! Real gateway processes on PostgreSQL in front of recording apps; steady
+//! load through the gateway that does not stop; the apps' records say where
+//! each request ran, and how often.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use http::Request;
+use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
+
+const ROUTES: &str = "roles:
+  - name: maintenance
+routes:
+  - prefixes: [/maintenance]
+    role: maintenance
+";
+
+/// Gateway 0 holds `maintenance`, gateway 1 waits.
+async fn pair(tag: &str, proxy: &str) -> ([TestApp; 2], [GatewayProcess; 2]) {
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let spec = ClusterSpec::postgres(tag)
+        .with_proxy(proxy)
+        .with_extra("shutdown:\n  drain_timeout: 1s\n");
+    let g0 = GatewayProcess::start_for_upstream(0, &spec, apps[0].port, ROUTES).await;
+    support::wait_for_async("gateway 0 holds", Duration::from_secs(10), || async {
+        g0.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let g1 = GatewayProcess::start_for_upstream(1, &spec, apps[1].port, ROUTES).await;
+    let gws = [g0, g1];
+    assert_eq!(cluster::wait_holder(&gws, "maintenance").await, 0);
+    (apps, gws)
+}
+
+/// What the load saw: status per request id.
+#[derive(Default)]
+struct Load {
+    answers: Mutex<Vec<(u64, u16)>>,
+}
+
+/// Sends requests to `url` one after another (GETs, and POSTs with a small
+/// body, alternating) until `stop`; each carries its id in the path.
+fn steady_load(url: String, stop: Arc<AtomicBool>) -> (Arc<Load>, tokio::task::JoinHandle<()>) {
+    let load = Arc::new(Load::default());
+    let out = load.clone();
+    let next = Arc::new(AtomicU64::new(0));
+    let task = tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            let id = next.fetch_add(1, Ordering::SeqCst);
+            let req = if id.is_multiple_of(2) {
+                Request::get(format!("{url}/maintenance/req-{id}"))
+                    .body(Body::empty())
+                    .unwrap()
+            } else {
+                Request::post(format!("{url}/maintenance/req-{id}"))
+                    .body(Body::from(format!("body of {id}")))
+                    .unwrap()
+            };
+            let status = match cluster::request(req).await {
+                Ok((s, _, _)) => s.as_u16(),
+                Err(_) => 0,
+            };
+            out.answers.lock().unwrap().push((id, status));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    (load, task)
+}
+
+/// How many times each request id ran, over every app.
+fn runs(apps: &[TestApp]) -> HashMap<u64, usize> {
+    let mut out = HashMap::new();
+    for app in apps {
+        for e in app.executed() {
+            if let Some(id) = e
+                .path
+                .strip_prefix("/maintenance/req-")
+                .and_then(|s| s.parse::<u64>().ok())
+            {
+                *out.entry(id).or_insert(0) += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Runs steady load through the standby while `fault` moves the role away
+/// from gateway 0; returns (answers, runs per id).
+async fn load_across(
+    apps: &[TestApp; 2],
+    gws: &[GatewayProcess; 2],
+    fault: &str,
+) -> (Vec<(u64, u16)>, HashMap<u64, usize>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (load, task) = steady_load(gws[1].url(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    gws[0].signal(fault);
+    support::wait_for_async("gateway 1 holds", Duration::from_secs(20), || async {
+        gws[1].held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    task.await.unwrap();
+    let answers = load.answers.lock().unwrap().clone();
+    (answers, runs(apps))
+}
+
+/// Every request answered 201 and ran exactly once, but for at most
+/// `in_flight` requests that were on their way to a holder that crashed:
+/// those may have run, so they are answered 503 and never sent again.
+fn assert_each_ran_once_and_none_failed(
+    answers: &[(u64, u16)],
+    runs: &HashMap<u64, usize>,
+    in_flight: usize,
+) {
+    assert!(answers.len() > 50, "too little load: {}", answers.len());
+    let failed: Vec<&(u64, u16)> = answers.iter().filter(|(_, s)| *s != 201).collect();
+    assert!(
+        failed.len() <= in_flight && failed.iter().all(|(_, s)| *s == 503),
+        "{} of {} failed: {failed:?}",
+        failed.len(),
+        answers.len()
+    );
+    for (id, _) in answers.iter().filter(|(_, s)| *s == 201) {
+        assert_eq!(
+            runs.get(id),
+            Some(&1),
+            "request {id} ran {:?} times",
+            runs.get(id)
+        );
+    }
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "requests run twice: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_of_the_holder_fails_no_request_and_runs_each_once() {
+    let (apps, gws) = pair("hold_stop", "").await;
+    let (answers, runs) = load_across(&apps, &gws, "TERM").await;
+    assert_each_ran_once_and_none_failed(&answers, &runs, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_of_the_holder_fails_no_request_with_a_covering_hold_timeout() {
+    // duration 3 s + renew 500 ms + 1 s.
+    let (apps, gws) = pair("hold_crash", "  hold_timeout: 4500ms\n").await;
+    let (answers, runs) = load_across(&apps, &gws, "KILL").await;
+    // The load is sequential: one request at most was on its way to the
+    // holder when it died (it may have run there, so it is not sent again).
+    assert_each_ran_once_and_none_failed(&answers, &runs, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_timeout_zero_answers_503_at_once_as_before() {
+    let (apps, gws) = pair("hold_zero", "  hold_timeout: 0s\n").await;
+    let (answers, runs) = load_across(&apps, &gws, "KILL").await;
+    let failed: Vec<&(u64, u16)> = answers.iter().filter(|(_, s)| *s == 503).collect();
+    assert!(
+        !failed.is_empty(),
+        "a crash without holding must fail some requests"
+    );
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "requests run twice: {twice:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_past_their_bounds_are_503s_with_retry_after() {
+    let (_apps, gws) = pair("hold_bound", "  hold_timeout: 300ms\n  max_held: 1\n").await;
+    // The holder dies; its term lasts 3 s more, far past the hold bound.
+    gws[0].signal("KILL");
+    support::wait_for("the holder is gone", Duration::from_secs(5), || {
+        !gws[0].child_alive()
+    })
+    .await;
+    // Its listening sockets may take a moment longer to go than the process.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let url = format!("{}/maintenance/x", gws[1].url());
+    let started = std::time::Instant::now();
+    let (a, b) = tokio::join!(cluster::get(&url), cluster::get(&url));
+    let waited = started.elapsed();
+    for (status, headers, body) in [a.unwrap(), b.unwrap()] {
+        let _ = body;
+        assert_eq!(status, 503);
+        assert!(headers.contains_key("retry-after"));
+    }
+    assert!(
+        waited >= Duration::from_millis(300),
+        "answered after {waited:?}, before the hold bound\n{}",
+        gws[1].log()
+    );
+    let metrics = cluster::get(&format!("{}/metrics", gws[1].admin_url()))
+        .await
+        .unwrap()
+        .2;
+    let metrics = String::from_utf8_lossy(&metrics);
+    for outcome in ["hold_timeout", "hold_full"] {
+        assert!(
+            metrics
+                .lines()
+                .any(|l| l.starts_with("rolegate_hold_outcomes_total")
+                    && l.contains(outcome)
+                    && !l.ends_with(" 0")),
+            "{outcome} not counted:\n{metrics}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_1mb_upload_held_across_a_move_arrives_intact_at_the_successor() {
+    // The hold covers the holder's 1 s drain bound.
+    let (apps, gws) = pair("hold_upload", "  hold_timeout: 3s\n").await;
+    // The holder drains (a slow request keeps it draining for its full 1 s
+    // bound): it no longer admits, the standby still sees it as the holder,
+    // forwards, is refused unread, holds, then serves it itself.
+    let slow_url = format!("{}/plain/slow", gws[0].url());
+    let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
+    support::wait_for("the slow request runs", Duration::from_secs(5), || {
+        apps[0].executed_paths().iter().any(|p| p == "/plain/slow")
+    })
+    .await;
+    gws[0].signal("TERM");
+    support::wait_for_async("the holder drains", Duration::from_secs(5), || async {
+        gws[0].leases().await["instance"]["draining"] == true
+    })
+    .await;
+    let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    let req = Request::post(format!("{}/maintenance/echo-body", gws[1].url()))
+        .body(Body::from(body.clone()))
+        .unwrap();
+    let (status, _, echoed) = cluster::request(req).await.unwrap();
+    assert_eq!(
+        status,
+        200,
+        "{}\n{}",
+        String::from_utf8_lossy(&echoed[..echoed.len().min(300)]),
+        gws[1].log()
+    );
+    assert_eq!(echoed.len(), body.len());
+    assert!(
+        echoed.as_ref() == body.as_slice(),
+        "the body changed on the way"
+    );
+    slow.abort();
+    let ran: usize = apps
+        .iter()
+        .map(|a| {
+            a.executed_paths()
+                .iter()
+                .filter(|p| p.ends_with("/echo-body"))
+                .count()
+        })
+        .sum();
+    assert_eq!(ran, 1, "the upload ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn balance_moves_under_load_fail_no_request_and_run_each_once() {
+    let routes = "partitions:
+  - name: devices
+    count: 6
+    rebalance_delay: 500ms
+routes:
+  - prefixes: [/maintenance]
+    partition: devices
+    key: { path_segment: 2 }
+";
+    let apps = [
+        TestApp::start(0).await,
+        TestApp::start(1).await,
+        TestApp::start(2).await,
+    ];
+    let spec = ClusterSpec::postgres("hold_balance");
+    let (g0, g1) = tokio::join!(
+        GatewayProcess::start_for_upstream(0, &spec, apps[0].port, routes),
+        GatewayProcess::start_for_upstream(1, &spec, apps[1].port, routes)
+    );
+    let two = [g0, g1];
+    for p in 0..6 {
+        cluster::wait_holder(&two, &format!("devices:partition-{p}")).await;
+    }
+    // Each request's id is its key: requests spread over the six partitions,
+    // and go to gateway 0 whether it holds their partition or not.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (load, task) = steady_load(two[0].url(), stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A third gateway joins (partitions move to it), then leaves.
+    let g2 = GatewayProcess::start_for_upstream(2, &spec, apps[2].port, routes).await;
+    support::wait_for_async("gateway 2 holds 2", Duration::from_secs(20), || async {
+        g2.held().await.values().filter(|h| h.0).count() == 2
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    g2.signal("TERM");
+    support::wait_for("gateway 2 is gone", Duration::from_secs(20), || {
+        !g2.child_alive()
+    })
+    .await;
+    for p in 0..6 {
+        cluster::wait_holder(&two, &format!("devices:partition-{p}")).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::SeqCst);
+    task.await.unwrap();
+    let answers = load.answers.lock().unwrap().clone();
+    assert_each_ran_once_and_none_failed(&answers, &runs(&apps), 0);
+}
