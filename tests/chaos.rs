@@ -2,11 +2,15 @@
 //!
 //! PostgreSQL, five `rolegate run --events` gateways with short timings
 //! (each reaching PostgreSQL through its own TCP fault proxy), five recording
-//! apps, steady client load on role and partition routes, and random faults:
+//! apps, steady client load on role and partition routes, a few clients
+//! keeping SSE streams of ticks open on partition routes (opened again when
+//! they end), and random faults:
 //! kill -9, SIGSTOP past the lease, SIGTERM, gateway restart, PostgreSQL
 //! stopped, PostgreSQL frozen, added latency and blackholing between one
 //! gateway and PostgreSQL. The checker then reads every event log and app
-//! record and counts violations of the one-holder promise.
+//! record and counts violations of the one-holder promise, and of "work
+//! never outlives its term": no tick a stream client received was made by an
+//! app after a newer term of its role began.
 //!
 //! With ROLEGATE_CHAOS_STORE=etcd-cluster the store is a 3-member etcd
 //! cluster instead (every gateway lists all endpoints), with etcd-sized
@@ -31,7 +35,7 @@ use rolegate::events::Event;
 
 use chaos::backend::Store;
 use chaos::checker::{self, Report};
-use chaos::harness::{self, Load, Rig, Sent, Settings};
+use chaos::harness::{self, Load, Rig, Sent, Settings, Streamed, Streams};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_holder_survives_random_faults() {
@@ -43,8 +47,10 @@ async fn one_holder_survives_random_faults() {
     let dir = std::env::temp_dir().join(format!("rolegate-chaos-{}", std::process::id()));
     let mut rig = Rig::start(&dir, store).await;
     let load = Load::start(seed, &rig.gws);
+    let streams = Streams::start(seed, &rig.gws);
     let (faults, edge_faults) = harness::inject_faults(&mut rig, &mut rng, secs).await;
     let sent = load.finish().await;
+    let streamed = streams.finish().await;
     rig.stop_gateways();
 
     let executions = rig.executions();
@@ -52,6 +58,7 @@ async fn one_holder_survives_random_faults() {
         &rig.event_files(),
         &executions,
         &sent,
+        &streamed,
         &faults,
         &edge_faults,
     );
@@ -66,7 +73,8 @@ async fn one_holder_survives_random_faults() {
 }
 
 /// The run's verdict: no violation of the one-holder promise, no lost
-/// request, and enough transitions and load to mean something.
+/// request, no stream tick made after its term's end, and enough
+/// transitions, load and ticks to mean something.
 fn assert_one_holder_kept(report: &Report, store: Store) {
     assert!(
         report.overlaps.is_empty(),
@@ -87,6 +95,22 @@ fn assert_one_holder_kept(report: &Report, store: Store) {
         report.lost.is_empty(),
         "lost requests: {:?}",
         &report.lost[..report.lost.len().min(5)]
+    );
+    assert!(
+        report.ticks_after_term.is_empty(),
+        "{} stream ticks made after their term's end: {:?}",
+        report.ticks_after_term.len(),
+        &report.ticks_after_term[..report.ticks_after_term.len().min(5)]
+    );
+    assert!(
+        report.malformed_ticks.is_empty(),
+        "malformed stream events: {:?}",
+        &report.malformed_ticks[..report.malformed_ticks.len().min(5)]
+    );
+    assert!(
+        report.stream_clients == 0 || report.ticks > 0,
+        "{} stream clients configured but no tick received: nothing was checked ({report:?})",
+        report.stream_clients
     );
     if store == Store::EtcdCluster {
         // One member down or frozen, a majority up: no role goes without a
@@ -119,7 +143,9 @@ fn assert_one_holder_kept(report: &Report, store: Store) {
 /// The checker reads logs in the gateway's line format and flags what the
 /// run must not contain: overlapping terms of two instances (one closed at
 /// its last deadline, as after `kill -9`), an admission after the admitting
-/// instance's term ended, a stale-token execution and a lost request.
+/// instance's term ended, a stale-token execution, a lost request (and not
+/// one cut as its role's term ended), and a
+/// stream tick made after a newer term of its role began.
 #[test]
 fn checker_flags_violations_in_event_logs() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,13 +213,42 @@ fn checker_flags_violations_in_event_logs() {
         files.push(path);
     }
     let executions = [(0, s("m"), 2, 10), (1, s("m"), 1, 20)];
-    let sent = [Sent {
-        gateway: 0,
-        start_ns: 0,
-        end_ns: 5,
-        status: None,
-    }];
-    let report = checker::check(&files, &executions, &sent, &[], &[]);
+    let sent = [
+        // Cut with no fault and no term of its role ending: lost.
+        Sent {
+            gateway: 0,
+            role: s("n"),
+            start_ns: 0,
+            end_ns: 5,
+            status: None,
+        },
+        // Cut as its role's term ended (at 1_500): by design.
+        Sent {
+            gateway: 0,
+            role: s("m"),
+            start_ns: 1_400,
+            end_ns: 1_450,
+            status: None,
+        },
+    ];
+    let tick = |token: u64, made: u64| {
+        harness::parse_tick(&format!("data: app0 m {token} {made}\n\n"), 0).unwrap()
+    };
+    let streamed = Streamed {
+        clients: 1,
+        streams: vec![(0, 0, 2_000, "eof")],
+        refused: 0,
+        // Before token 2 began; at and after it; under token 2 itself.
+        ticks: vec![
+            tick(1, 1_100),
+            tick(1, 1_200),
+            tick(1, 1_250),
+            tick(2, 1_300),
+        ],
+        malformed: vec![s("data: app0 - - 1\n\n")],
+    };
+    assert!(harness::parse_tick("data: app0 - - 1\n\n", 0).is_none());
+    let report = checker::check(&files, &executions, &sent, &streamed, &[], &[]);
     assert_eq!(report.transitions, 2, "{report:?}");
     assert_eq!(report.overlaps.len(), 1, "{report:?}");
     assert!(report.token_regressions.is_empty(), "{report:?}");
@@ -201,4 +256,16 @@ fn checker_flags_violations_in_event_logs() {
     assert_eq!(report.admissions_outside.len(), 1, "{report:?}");
     assert_eq!(report.stale_executions.len(), 1, "{report:?}");
     assert_eq!(report.lost.len(), 1, "{report:?}");
+    assert_eq!(report.cut_by_term_end, 1, "{report:?}");
+    assert_eq!(report.ticks, 4, "{report:?}");
+    assert_eq!(report.tick_terms, 2, "{report:?}");
+    assert_eq!(report.ticks_after_term.len(), 2, "{report:?}");
+    assert_eq!(report.malformed_ticks.len(), 1, "{report:?}");
+    // 100 ns before token 2 began.
+    assert!(
+        report
+            .closest_tick_ms
+            .is_some_and(|ms| (ms - 1e-4).abs() < 1e-9),
+        "{report:?}"
+    );
 }

@@ -1,7 +1,8 @@
 //! The checker: reads every gateway's event log (typed [`Event`] lines) and
 //! the apps' records, and counts violations of the one-holder promise, lost
-//! requests, and per fault kind the longest time without a holder (and, for
-//! the faults of one etcd member, the new terms and 503s they caused).
+//! requests, ticks of streams sent after their term's end, and per fault
+//! kind the longest time without a holder (and, for the faults of one etcd
+//! member, the new terms and 503s they caused).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use rolegate::events::Event;
 
 use super::backend::Store;
-use super::harness::{EdgeFault, Execution, Fault, FaultKind, Sent};
+use super::harness::{EdgeFault, Execution, Fault, FaultKind, Sent, Streamed};
 use super::{GATEWAYS, PARTITIONS};
 use crate::support::intervals::{self, Held, Overlaps};
 
@@ -29,7 +30,30 @@ pub struct Report {
     pub answered_503: usize,
     pub answered_400: usize,
     pub attributed_to_faulted_edge: usize,
+    /// Requests cut because the term of their role ended while they were in
+    /// flight (work never outlives its term: at the trust deadline on a
+    /// fail-close, at the drain bound on a graceful end).
+    pub cut_by_term_end: usize,
     pub lost: Vec<String>,
+    /// Stream clients configured (SSE on partition routes).
+    pub stream_clients: usize,
+    /// Streams opened (answered 200), by how they ended.
+    pub streams_ended: BTreeMap<&'static str, usize>,
+    /// Stream attempts that got no stream.
+    pub streams_refused: usize,
+    /// Ticks the stream clients received, each checked.
+    pub ticks: usize,
+    /// Distinct (role, token) terms the checked ticks were made under.
+    pub tick_terms: usize,
+    /// Of the ticks with a newer term of their role, the one made closest
+    /// before that term began: how long before (ms).
+    pub closest_tick_ms: Option<f64>,
+    /// Ticks made at or after a newer term of their role began.
+    pub ticks_after_term: Vec<String>,
+    /// Stream events that were not ticks with a role and a token.
+    pub malformed_ticks: Vec<String>,
+    /// Faults injected while at least one stream was open, of all faults.
+    pub faults_crossing_streams: usize,
     pub faults: BTreeMap<FaultKind, Vec<u64>>,
     pub no_holder_ms: BTreeMap<FaultKind, Vec<u64>>,
     /// Terms begun while a fault of one etcd member lasted.
@@ -141,6 +165,7 @@ pub fn check(
     event_files: &[PathBuf],
     executions: &[Execution],
     sent: &[Sent],
+    streamed: &Streamed,
     faults: &[Fault],
     edge_faults: &[EdgeFault],
 ) -> Report {
@@ -159,7 +184,8 @@ pub fn check(
     };
     check_admissions(&mut r, &intervals, &admits);
     check_executions(&mut r, executions);
-    check_requests(&mut r, sent, edge_faults);
+    check_requests(&mut r, sent, edge_faults, &intervals);
+    check_ticks(&mut r, &intervals, streamed, faults);
     measure_faults(&mut r, &intervals, event_files, faults);
     measure_member_faults(&mut r, &intervals, sent, faults);
     r
@@ -207,9 +233,22 @@ fn check_executions(r: &mut Report, executions: &[Execution]) {
 }
 
 /// Every request got a response or a clear 503/400, unless a fault at its own
-/// gateway (or at the gateway it was forwarded to) may have cut it.
-fn check_requests(r: &mut Report, sent: &[Sent], edge_faults: &[EdgeFault]) {
+/// gateway (or at the gateway it was forwarded to) may have cut it, or a
+/// term of its role ended while it was in flight (then the gateway ends it
+/// by design).
+fn check_requests(
+    r: &mut Report,
+    sent: &[Sent],
+    edge_faults: &[EdgeFault],
+    intervals: &[Interval],
+) {
     r.requests = sent.len();
+    let mut ends: HashMap<&str, Vec<u64>> = HashMap::new();
+    for i in intervals {
+        ends.entry(&i.role).or_default().push(i.end);
+    }
+    // The `ended` line follows the cut; the client may see the cut first.
+    let slack = 100_000_000;
     for s in sent {
         match s.status {
             Some(200..=299) => r.answered_2xx += 1,
@@ -219,17 +258,94 @@ fn check_requests(r: &mut Report, sent: &[Sent], edge_faults: &[EdgeFault]) {
                 let faulted = edge_faults.iter().any(|(g, a, b)| {
                     *a <= s.end_ns && s.start_ns <= *b && (*g == s.gateway || *g == usize::MAX)
                 });
+                let term_ended = ends
+                    .get(s.role.as_str())
+                    .into_iter()
+                    .flatten()
+                    .any(|&t| s.start_ns <= t && t <= s.end_ns + slack);
                 if faulted {
                     r.attributed_to_faulted_edge += 1;
+                } else if term_ended {
+                    r.cut_by_term_end += 1;
                 } else {
                     r.lost.push(format!(
-                        "gateway {} status {:?} at {}",
-                        s.gateway, s.status, s.start_ns
+                        "gateway {} {} status {:?} at {} ({} ms)",
+                        s.gateway,
+                        s.role,
+                        s.status,
+                        s.start_ns,
+                        (s.end_ns - s.start_ns) / 1_000_000
                     ));
                 }
             }
         }
     }
+}
+
+/// Work never outlives its term: for every tick a client received, no term
+/// of its role with a greater token began (in any gateway's log) at or
+/// before the moment the app made it. Every `began` line is the start of one
+/// interval in `intervals`.
+fn check_ticks(r: &mut Report, intervals: &[Interval], streamed: &Streamed, faults: &[Fault]) {
+    // role -> (token, began at, instance), by token
+    let mut began: HashMap<&str, Vec<(u64, u64, &str)>> = HashMap::new();
+    for i in intervals {
+        began
+            .entry(&i.role)
+            .or_default()
+            .push((i.token, i.start, &i.instance));
+    }
+    for list in began.values_mut() {
+        list.sort_unstable();
+    }
+    r.stream_clients = streamed.clients;
+    r.streams_refused = streamed.refused;
+    for s in &streamed.streams {
+        *r.streams_ended.entry(s.3).or_default() += 1;
+    }
+    r.faults_crossing_streams = faults
+        .iter()
+        .filter(|f| {
+            streamed
+                .streams
+                .iter()
+                .any(|s| s.1 <= f.start_ns && f.start_ns < s.2)
+        })
+        .count();
+    r.ticks = streamed.ticks.len();
+    r.malformed_ticks = streamed
+        .malformed
+        .iter()
+        .map(|e| format!("a stream event that is not a tick with a role and a token: {e:?}"))
+        .collect();
+    let mut terms = std::collections::HashSet::new();
+    for tick in &streamed.ticks {
+        terms.insert((tick.role.as_str(), tick.token));
+        // The earliest begin of a newer term of the role.
+        let Some(&(token, at, instance)) = began
+            .get(tick.role.as_str())
+            .into_iter()
+            .flatten()
+            .filter(|(token, _, _)| *token > tick.token)
+            .min_by_key(|(_, at, _)| *at)
+        else {
+            continue;
+        };
+        if tick.made >= at {
+            r.ticks_after_term.push(format!(
+                "{} made a tick of {} under token {} {:.1} ms after {instance} began token {token} (received through gateway {})",
+                tick.app,
+                tick.role,
+                tick.token,
+                (tick.made - at) as f64 / 1e6,
+                tick.gateway
+            ));
+        } else {
+            let before = (at - tick.made) as f64 / 1e6;
+            r.closest_tick_ms = Some(r.closest_tick_ms.map_or(before, |c: f64| c.min(before)));
+        }
+    }
+    r.tick_terms = terms.len();
 }
 
 /// Per fault: holder faults — the longest time until another instance began
@@ -353,8 +469,13 @@ pub fn render(r: &Report, secs: u64, store: Store) -> String {
         r.partition_terms
     ));
     out.push_str(&format!(
-        "| requests sent | {} (2xx {}, 503 {}, 400 {}, cut by a fault at their own gateway {}) |\n",
-        r.requests, r.answered_2xx, r.answered_503, r.answered_400, r.attributed_to_faulted_edge
+        "| requests sent | {} (2xx {}, 503 {}, 400 {}, cut by a fault at their own gateway {}, cut by their term's end {}) |\n",
+        r.requests,
+        r.answered_2xx,
+        r.answered_503,
+        r.answered_400,
+        r.attributed_to_faulted_edge,
+        r.cut_by_term_end
     ));
     out.push_str(&format!(
         "| local admissions checked | {} |\n",
@@ -377,7 +498,39 @@ pub fn render(r: &Report, secs: u64, store: Store) -> String {
         "| stale-token executions (fencing would reject) | {} |\n",
         r.stale_executions.len()
     ));
-    out.push_str(&format!("| **lost requests** | **{}** |\n\n", r.lost.len()));
+    out.push_str(&format!("| **lost requests** | **{}** |\n", r.lost.len()));
+    let ended: Vec<String> = r
+        .streams_ended
+        .iter()
+        .map(|(how, n)| format!("{how} {n}"))
+        .collect();
+    out.push_str(&format!(
+        "| SSE stream clients on partition routes | {} (streams opened {}: {}; attempts refused {}) |\n",
+        r.stream_clients,
+        r.streams_ended.values().sum::<usize>(),
+        ended.join(", "),
+        r.streams_refused
+    ));
+    out.push_str(&format!(
+        "| faults injected while a stream was open | {} of {} |\n",
+        r.faults_crossing_streams,
+        r.faults.values().map(Vec::len).sum::<usize>()
+    ));
+    out.push_str(&format!(
+        "| stream ticks checked | {} (under {} terms; closest before a newer term began: {}) |\n",
+        r.ticks,
+        r.tick_terms,
+        r.closest_tick_ms
+            .map_or("none".to_string(), |ms| format!("{ms:.1} ms"))
+    ));
+    out.push_str(&format!(
+        "| **ticks made after their term's end (a newer term had begun)** | **{}** |\n",
+        r.ticks_after_term.len()
+    ));
+    out.push_str(&format!(
+        "| **malformed stream events** | **{}** |\n\n",
+        r.malformed_ticks.len()
+    ));
     out.push_str("| fault | injected | longest time without holder (ms) p50 / p99 / max | bound |\n|---|---|---|---|\n");
     for &kind in store.faults() {
         let n = r.faults.get(&kind).map_or(0, |v| v.len());
@@ -426,6 +579,8 @@ pub fn print_violations(r: &Report) {
         .chain(&r.token_regressions)
         .chain(&r.admissions_outside)
         .chain(&r.lost)
+        .chain(&r.ticks_after_term)
+        .chain(&r.malformed_ticks)
         .take(20)
     {
         eprintln!("violation: {v}");

@@ -1,7 +1,8 @@
 //! The harness: the store (PostgreSQL, or a 3-member etcd cluster), gateways
 //! (`rolegate run --events`; on PostgreSQL each behind its own fault proxy),
-//! recording apps, steady client load, and random faults one at a time,
-//! with a record of what was sent and injected.
+//! recording apps, steady client load, clients keeping SSE streams of ticks
+//! open on partition routes, and random faults one at a time, with a record
+//! of what was sent, streamed and injected.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -264,7 +265,13 @@ impl FaultKind {
     /// compared with.
     pub fn bound(self, t: Timings) -> (&'static str, u64) {
         match self {
-            FaultKind::Term | FaultKind::Restart => ("≈ one store round trip (handover)", 100),
+            // A graceful stop waits for the work under its terms (the open
+            // streams) up to `shutdown.drain_timeout` (1 s), then ends it and
+            // releases: the successor follows one store round trip later.
+            FaultKind::Term | FaultKind::Restart => (
+                "drain bound (1 s) + ≈ one store round trip (handover)",
+                1_100,
+            ),
             FaultKind::Kill | FaultKind::Pause => {
                 ("duration + renew interval", t.duration_ms + t.renew_ms)
             }
@@ -302,6 +309,9 @@ pub type EdgeFault = (usize, u64, u64);
 #[derive(Debug, Clone)]
 pub struct Sent {
     pub gateway: usize,
+    /// The role the request's route needs (`maintenance`, or the partition
+    /// role of its device).
+    pub role: String,
     pub start_ns: u64,
     pub end_ns: u64,
     /// Status, or None for a transport error / timeout.
@@ -456,11 +466,12 @@ impl Load {
                         tokio::time::sleep(Duration::from_millis(5)).await;
                         continue;
                     }
-                    let req = random_request(&mut rng, ports[g], c, i);
+                    let (req, role) = random_request(&mut rng, ports[g], c, i);
                     let start_ns = monotonic_ns();
                     let status = send_bounded(&client, req).await;
                     sent.lock().unwrap().push(Sent {
                         gateway: g,
+                        role,
                         start_ns,
                         end_ns: monotonic_ns(),
                         status,
@@ -488,17 +499,22 @@ impl Load {
 }
 
 /// A role request (POST /maintenance/job) or a partition request (GET
-/// /device-api with one of 64 device ids), half and half.
-fn random_request(rng: &mut StdRng, port: u16, c: u64, i: u64) -> Request<Body> {
+/// /device-api with one of 64 device ids), half and half; and the role its
+/// route needs.
+fn random_request(rng: &mut StdRng, port: u16, c: u64, i: u64) -> (Request<Body>, String) {
     if rng.gen_bool(0.5) {
-        Request::post(format!("http://127.0.0.1:{port}/maintenance/job/{c}-{i}"))
+        let req = Request::post(format!("http://127.0.0.1:{port}/maintenance/job/{c}-{i}"))
             .body(Body::from("x"))
-            .unwrap()
+            .unwrap();
+        (req, "maintenance".to_string())
     } else {
-        Request::get(format!("http://127.0.0.1:{port}/device-api/d/{c}-{i}"))
-            .header("x-device-id", format!("dev-{}", rng.gen_range(0..64)))
+        let device = format!("dev-{}", rng.gen_range(0..64));
+        let p = rolegate::lease::partition_index(None, &device, PARTITIONS);
+        let req = Request::get(format!("http://127.0.0.1:{port}/device-api/d/{c}-{i}"))
+            .header("x-device-id", &device)
             .body(Body::empty())
-            .unwrap()
+            .unwrap();
+        (req, format!("devices:partition-{p}"))
     }
 }
 
@@ -512,6 +528,185 @@ async fn send_bounded(client: &Client<HttpConnector, Body>, req: Request<Body>) 
     })
     .await
     .unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Streams.
+
+/// Clients keeping a long SSE stream open on a partition route.
+pub const STREAM_CLIENTS: u64 = 4;
+
+/// A stream with no event for this long is given up (a frozen gateway on
+/// its way) and opened again.
+const STREAM_IDLE: Duration = Duration::from_secs(3);
+
+/// One tick a stream client received: `data: app{n} {role} {token} {t_ns}`,
+/// made by app `n` at `made` (CLOCK_MONOTONIC) for a request the gateway
+/// gave `role` and `token`.
+#[derive(Debug, Clone)]
+pub struct Tick {
+    pub app: String,
+    pub role: String,
+    pub token: u64,
+    pub made: u64,
+    /// The gateway the client's stream entered through.
+    pub gateway: usize,
+}
+
+/// One stream a client opened (answered 200): (gateway, opened_ns,
+/// ended_ns, how it ended).
+pub type StreamSpan = (usize, u64, u64, &'static str);
+
+/// What the stream clients saw.
+#[derive(Debug, Clone, Default)]
+pub struct Streamed {
+    pub clients: usize,
+    pub streams: Vec<StreamSpan>,
+    /// Attempts that got no stream (another status, an error, a timeout).
+    pub refused: usize,
+    pub ticks: Vec<Tick>,
+    /// Events that were not ticks with a role and a token.
+    pub malformed: Vec<String>,
+}
+
+/// `STREAM_CLIENTS` clients, each keeping an SSE stream of ticks open on
+/// `/device-api/.../ticks` for its own device (one partition each), through
+/// a random gateway that is up; when the stream ends (the gateway ended it,
+/// the connection broke, or it went quiet for `STREAM_IDLE`) the client
+/// opens it again after 100 ms, as an SSE client would, so balance moves
+/// and faults cross open streams.
+pub struct Streams {
+    stop: Arc<AtomicBool>,
+    seen: Arc<Mutex<Streamed>>,
+    clients: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Streams {
+    pub fn start(seed: u64, gws: &[Gateway]) -> Streams {
+        let ports: Vec<u16> = gws.iter().map(|g| g.port).collect();
+        let faulted: Vec<Arc<AtomicBool>> = gws.iter().map(|g| g.faulted.clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Streamed {
+            clients: STREAM_CLIENTS as usize,
+            ..Streamed::default()
+        }));
+        let mut clients = Vec::new();
+        for c in 0..STREAM_CLIENTS {
+            let (stop, seen, ports, faulted) =
+                (stop.clone(), seen.clone(), ports.clone(), faulted.clone());
+            // Devices in partitions spread over the 16.
+            let device = device_in(c as u32 * PARTITIONS / STREAM_CLIENTS as u32, c);
+            clients.push(tokio::spawn(async move {
+                let mut rng = StdRng::seed_from_u64(seed ^ (0x5eed_0000 + c));
+                let client = cluster::client();
+                while !stop.load(Ordering::SeqCst) {
+                    let g = rng.gen_range(0..ports.len());
+                    if faulted[g].load(Ordering::SeqCst) {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    }
+                    let req = Request::get(format!(
+                        "http://127.0.0.1:{}/device-api/s/{c}/ticks",
+                        ports[g]
+                    ))
+                    .header("x-device-id", &device)
+                    .header("accept", "text/event-stream")
+                    .body(Body::empty())
+                    .unwrap();
+                    match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
+                        Ok(Ok(resp)) if resp.status() == 200 => {
+                            read_ticks(resp.into_body(), g, &stop, &seen).await;
+                        }
+                        _ => seen.lock().unwrap().refused += 1,
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }));
+        }
+        Streams {
+            stop,
+            seen,
+            clients,
+        }
+    }
+
+    /// Stops the clients; returns what they saw.
+    pub async fn finish(self) -> Streamed {
+        self.stop.store(true, Ordering::SeqCst);
+        for c in self.clients {
+            let _ = c.await;
+        }
+        let seen = self.seen.lock().unwrap().clone();
+        seen
+    }
+}
+
+/// A device id whose key falls in partition `p`.
+fn device_in(p: u32, c: u64) -> String {
+    (0..)
+        .map(|i| format!("stream-{c}-{i}"))
+        .find(|k| rolegate::lease::partition_index(None, k, PARTITIONS) == p)
+        .unwrap()
+}
+
+/// Reads one SSE stream until it ends, goes quiet for `STREAM_IDLE`, or the
+/// run stops; records its ticks and its span.
+async fn read_ticks(
+    mut body: hyper::body::Incoming,
+    gateway: usize,
+    stop: &AtomicBool,
+    seen: &Mutex<Streamed>,
+) {
+    let opened = monotonic_ns();
+    let mut pending = String::new();
+    let mut quiet = Duration::ZERO;
+    let step = Duration::from_millis(250);
+    let how = loop {
+        if stop.load(Ordering::SeqCst) {
+            break "stopped by the client";
+        }
+        match tokio::time::timeout(step, body.frame()).await {
+            Err(_) => {
+                quiet += step;
+                if quiet >= STREAM_IDLE {
+                    break "quiet, given up by the client";
+                }
+            }
+            Ok(Some(Ok(frame))) => {
+                quiet = Duration::ZERO;
+                let Some(data) = frame.data_ref() else {
+                    continue;
+                };
+                pending.push_str(&String::from_utf8_lossy(data));
+                while let Some(end) = pending.find("\n\n") {
+                    let event: String = pending.drain(..end + 2).collect();
+                    let mut s = seen.lock().unwrap();
+                    match parse_tick(&event, gateway) {
+                        Some(t) => s.ticks.push(t),
+                        None => s.malformed.push(event),
+                    }
+                }
+            }
+            Ok(Some(Err(_))) => break "error",
+            Ok(None) => break "eof",
+        }
+    };
+    seen.lock()
+        .unwrap()
+        .streams
+        .push((gateway, opened, monotonic_ns(), how));
+}
+
+pub fn parse_tick(event: &str, gateway: usize) -> Option<Tick> {
+    let mut parts = event.trim().strip_prefix("data: ")?.split(' ');
+    let tick = Tick {
+        app: parts.next()?.to_string(),
+        role: parts.next()?.to_string(),
+        token: parts.next()?.parse().ok()?,
+        made: parts.next()?.parse().ok()?,
+        gateway,
+    };
+    parts.next().is_none().then_some(tick)
 }
 
 // ---------------------------------------------------------------------------
