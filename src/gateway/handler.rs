@@ -11,7 +11,6 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 
 use super::GatewayError;
-use crate::body::TermBody;
 use crate::config::{Config, RouteTarget};
 use crate::events::EventLog;
 use crate::lease::Coordinator;
@@ -23,6 +22,7 @@ use crate::proxy::hold::Holds;
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
 use crate::proxy::routes::{RouteError, RouteTable};
+use crate::proxy::term_body::TermBody;
 use crate::proxy::{failure_problem, Forwarder, HopProtocol, KeyExtractor, NextHop, Settled};
 use crate::telemetry::{self, TrackedBody};
 

@@ -2,13 +2,15 @@
 //! (`RolePartition`): lock-free reads of the published snapshot, judged at
 //! the moment of the call.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Instant;
 
 use super::partition::{partition_index, PartitionResolution};
 use super::snapshot::RoleState;
 use super::state::LeaseState;
-use super::term::TermWatch;
+use super::term::{TermEndReason, TermSignals};
 use super::HeldLease;
 
 /// Who holds a role, as this instance last saw it.
@@ -267,3 +269,115 @@ impl RolePartition {
 }
 
 // ---------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------
+
+/// What local work learns of its term's end (see [`LocalWork`](super::LocalWork)).
+/// Cheap to clone; the layers put one on each request they run locally.
+#[derive(Clone)]
+pub struct TermWatch {
+    shared: Arc<LeaseState>,
+    idx: usize,
+    token: u64,
+    signals: TermSignals,
+}
+
+impl std::fmt::Debug for TermWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TermWatch")
+            .field("role", &self.shared.role(self.idx).name.as_str())
+            .field("token", &self.token)
+            .finish()
+    }
+}
+
+impl TermWatch {
+    fn new(shared: Arc<LeaseState>, idx: usize, token: u64) -> Self {
+        let ending = shared.is_draining() || shared.is_handing_over(idx);
+        let signals = shared.terms().signals(idx, token, ending);
+        Self {
+            shared,
+            idx,
+            token,
+            signals,
+        }
+    }
+
+    /// The term's trust deadline while it lasts, judged now; `None` once it
+    /// is over (ended, lost, or past its deadline).
+    pub(crate) fn deadline(&self, now: Instant) -> Option<Instant> {
+        if self.signals.over.is_cancelled() {
+            return None;
+        }
+        let snap = self.shared.snapshot();
+        let state = &snap.roles[self.idx];
+        if state.token == self.token && state.held_now(now) {
+            state.held_until
+        } else {
+            None
+        }
+    }
+
+    /// Whether the term was ended by a signal (not by its deadline).
+    pub(crate) fn is_signalled(&self) -> bool {
+        self.signals.over.is_cancelled()
+    }
+
+    /// True once the term is over: stop the work now.
+    pub fn is_over(&self) -> bool {
+        self.deadline(Instant::now()).is_none()
+    }
+
+    /// Resolves when the term is over: ended at a drain bound, lost, or past
+    /// its trust deadline (fail-closed). No byte of the work may be produced
+    /// after it.
+    pub fn over(&self) -> impl Future<Output = ()> + Send + 'static {
+        let watch = self.clone();
+        async move {
+            while let Some(until) = watch.deadline(Instant::now()) {
+                tokio::select! {
+                    _ = watch.signals.over.cancelled() => return,
+                    _ = tokio::time::sleep_until(until.into()) => {}
+                }
+            }
+        }
+    }
+
+    /// Resolves when the term is ending: a handover or a stop began (its drain
+    /// bound is running), or the term is already over. Stop taking new steps
+    /// and finish what is in hand.
+    pub fn ending(&self) -> impl Future<Output = ()> + Send + 'static {
+        let ending = self.signals.ending.clone();
+        let over = self.over();
+        async move {
+            tokio::select! {
+                _ = ending.cancelled() => {}
+                _ = over => {}
+            }
+        }
+    }
+
+    /// Why the term ended, once it is over.
+    pub fn reason(&self) -> Option<TermEndReason> {
+        match self.signals.reason.get() {
+            Some(r) => Some(*r),
+            None if self.is_over() => Some(TermEndReason::FailClose),
+            None => None,
+        }
+    }
+
+    /// The role's name.
+    pub fn role(&self) -> &Arc<str> {
+        self.shared.role(self.idx).name.as_arc()
+    }
+
+    /// Ends the count of local work this watch's [`LocalWork`](super::LocalWork) held.
+    fn leave_local(&self) {
+        self.shared.leave_local(self.idx);
+    }
+
+    /// [`over`](Self::over), boxed, for bodies that poll it.
+    pub(crate) fn over_boxed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(self.over())
+    }
+}

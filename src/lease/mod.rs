@@ -21,11 +21,12 @@ pub use coordinator::{
     Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, NotReady, OneShotLease,
     DEFAULT_DRAIN_TIMEOUT,
 };
+pub use handles::TermWatch;
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
 pub use state::LeaseEvent;
-pub use term::{TermEndReason, TermWatch};
+pub use term::TermEndReason;
 pub use timings::{LeaseTimings, TimingsError, MAX_DURATION};
 
 use crate::role::RoleName;

@@ -22,8 +22,8 @@ use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
+use super::term_body::TermBody;
 use super::trust::Cidr;
-use crate::body::TermBody;
 use crate::lease::{Coordinator, HeldLease};
 
 /// Options shared by both layers.

@@ -15,6 +15,7 @@ pub mod keys;
 pub mod layer;
 pub mod problem;
 pub mod routes;
+pub(crate) mod term_body;
 pub mod trust;
 pub(crate) mod tunnel;
 pub(crate) mod turns;
