@@ -328,3 +328,43 @@ routes:
     // The leave is a stop: one request may race its kept hop connection closing.
     assert_each_ran_once_and_none_failed(&answers, &runs(&apps), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_gateway_keeps_its_listener_and_hands_its_new_requests_to_the_successor() {
+    let (apps, gws) = pair("hold_stopping", "  hold_timeout: 3s\n").await;
+    // A slow local request keeps gateway 0 draining for its 1 s bound.
+    let slow_url = format!("{}/maintenance/slow", gws[0].url());
+    let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
+    support::wait_for("the slow request runs", Duration::from_secs(5), || {
+        apps[0]
+            .executed_paths()
+            .iter()
+            .any(|p| p == "/maintenance/slow")
+    })
+    .await;
+    gws[0].signal("TERM");
+    support::wait_for_async("gateway 0 drains", Duration::from_secs(5), || async {
+        gws[0].leases().await["instance"]["draining"] == true
+    })
+    .await;
+    // Sent to the stopping gateway itself, during its drain: held, then
+    // served by the successor.
+    let (status, headers, body) = cluster::get(&format!("{}/maintenance/late", gws[0].url()))
+        .await
+        .unwrap();
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(headers["x-app"], "1", "served by the successor's app");
+    let late: usize = apps
+        .iter()
+        .map(|a| {
+            a.executed_paths()
+                .iter()
+                .filter(|p| *p == "/maintenance/late")
+                .count()
+        })
+        .sum();
+    assert_eq!(late, 1);
+    // The slow request was cut at the bound: its term ended.
+    apps[0].release_slow();
+    let _ = slow.await;
+}

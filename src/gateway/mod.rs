@@ -304,20 +304,44 @@ async fn drain(
         tracing::warn!("second signal: exiting now");
         std::process::exit(1);
     });
+    // The listener stays open through the drain: new requests for this
+    // gateway's roles are held (it admits no new local work) and go to the
+    // successor once it is known, so clients that still send here see no
+    // error while the deploy rolls on.
     coordinator.begin_drain();
+    let started = tokio::time::Instant::now();
+    if !coordinator
+        .wait_local_idle(config.shutdown.drain_timeout)
+        .await
+    {
+        tracing::info!("drain timeout reached; ending the local work still running");
+    }
+    // End what runs under a term (an HTTP/2 stream is reset with CANCEL, a
+    // WebSocket gets 1012), then hand every role on. The loop keeps reading
+    // the store, so this gateway learns the successors and forwards to them.
+    coordinator.end_local_work().await;
+    coordinator.withdraw("this instance is stopping");
+    coordinator.wait_released(RELEASE_LIMIT).await;
+    // Now close: no new connections, idle ones close, busy ones (requests
+    // held for a successor among them) finish within what is left of the
+    // drain bound, while the loop still reads the store.
     tracker.begin_shutdown();
     workers.stopped_accepting().await;
-    if !tracker.wait_idle(config.shutdown.drain_timeout).await {
+    let left = config
+        .shutdown
+        .drain_timeout
+        .saturating_sub(started.elapsed())
+        .max(RELEASE_LIMIT);
+    if !tracker.wait_idle(left).await {
         tracing::warn!(
             open = tracker.open(),
             "drain timeout reached; closing remaining connections"
         );
     }
-    // The bound passed: end what runs under a term before the connections
-    // close (an HTTP/2 stream is reset with CANCEL, a WebSocket gets 1012).
-    coordinator.end_local_work().await;
     workers.end().await;
-    // Drained above, up to the bound: what still runs under a term (an
-    // upgraded tunnel outlives its connection) is ended, then released.
     coordinator.shutdown_now().await;
 }
+
+/// How long a stopping gateway waits for the loop to release its roles
+/// (one store round trip) before it closes its listener anyway.
+const RELEASE_LIMIT: Duration = Duration::from_secs(2);

@@ -475,6 +475,37 @@ impl Coordinator {
         }
     }
 
+    /// Waits until no local work runs under any role, or `limit` passes;
+    /// true when none runs.
+    pub(crate) async fn wait_local_idle(&self, limit: Duration) -> bool {
+        let all: Vec<usize> = (0..self.shared.role_count()).collect();
+        self.shared.wait_idle(&all, limit).await
+    }
+
+    /// After [`withdraw`](Self::withdraw): waits until this instance holds
+    /// no role any more (the loop released them), or `limit` passes.
+    pub(crate) async fn wait_released(&self, limit: Duration) {
+        let mut published = self.shared.subscribe_published();
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            published.borrow_and_update();
+            let held = {
+                let snap = self.shared.snapshot();
+                let now = Instant::now();
+                snap.roles.iter().any(|r| r.held_now(now))
+            };
+            if !held {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, published.changed())
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
     /// Ends the local work still running under any held role (streams are
     /// cut, tunnels closed) and waits briefly for it to stop; for a stop
     /// whose drain bound passed, before connections are closed.
