@@ -322,6 +322,10 @@ async fn drain(
     coordinator.end_local_work().await;
     coordinator.withdraw("this instance is stopping");
     coordinator.wait_released(RELEASE_LIMIT).await;
+    // Other gateways learn of the release from the store's notification;
+    // until they do they still forward here, and get a signed refusal (safe
+    // to send elsewhere) rather than a connection closed under the request.
+    tokio::time::sleep(HAND_ON_PAUSE).await;
     // Now close: no new connections, idle ones close, busy ones (requests
     // held for a successor among them) finish within what is left of the
     // drain bound, while the loop still reads the store.
@@ -341,6 +345,10 @@ async fn drain(
     workers.end().await;
     coordinator.shutdown_now().await;
 }
+
+/// How long a stopping gateway keeps serving (refusing hops for roles it no
+/// longer holds) after its release, before it closes its connections.
+const HAND_ON_PAUSE: Duration = Duration::from_millis(500);
 
 /// How long a stopping gateway waits for the loop to release its roles
 /// (one store round trip) before it closes its listener anyway.
