@@ -29,8 +29,8 @@ pub use lease::{
     RoleLease, RolePartition,
 };
 pub use proxy::{
-    Cidr, ForwardError, Forwarder, HolderService, KeyExtractor, KeySource, LayerOptions,
-    PartitionHolderLayer, Problem, Reason, RoleHolderLayer,
+    Cidr, ForwardError, Forwarder, HolderService, KeyExtractor, KeySource, LayerError,
+    LayerOptions, PartitionHolderLayer, Problem, Reason, RoleHolderLayer,
 };
 pub use role::{RoleName, RoleNameError, MAX_PARTITION_COUNT, MAX_ROLE_NAME_LEN};
 pub use store::{LeaseStore, StoreConfig, StoreError, StoreKind};
