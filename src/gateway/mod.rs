@@ -130,6 +130,7 @@ pub(crate) async fn run(
         admin,
         coordinator.clone(),
         metrics,
+        config.proxy.cluster_secret.is_some(),
         admin_shutdown,
     ));
     let workers = Workers::start(listeners, states, &tracker, limits, tls).map_err(|source| {

@@ -10,11 +10,29 @@ use http::{HeaderMap, Request, Response, Uri};
 
 use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext, HopProtocol};
 use super::headers::HOP;
-use super::hop::HopSigner;
+use super::hop::{HopRefusal, HopSigner};
 use super::keys::{KeyError, KeyExtractor};
 use super::problem::{is_grpc, Problem, Reason};
 use super::trust::{is_trusted, Cidr};
 use crate::lease::{HeldLease, LocalWork, RoleLease, RolePartition};
+
+/// Counts a refused hop marker and warns at most once a minute (any client
+/// can send a bad marker, so the log must not grow with them).
+fn refused_hop(why: HopRefusal, client: Option<SocketAddr>) {
+    metrics::counter!(crate::telemetry::HOPS_REFUSED, "reason" => why.as_str()).increment(1);
+    let gate = crate::telemetry::request_warnings();
+    let every = std::time::Duration::from_secs(60);
+    if let Some(suppressed) = gate.admit("hop-refused", every, std::time::Instant::now()) {
+        let peer = client.map_or_else(|| "unknown".to_string(), |c| c.to_string());
+        tracing::warn!(
+            peer = %peer,
+            reason = why.as_str(),
+            suppressed,
+            "refused a hop marker from {peer} ({}); the request is served as a fresh one. Is proxy.cluster_secret the same on every gateway?",
+            why.as_str()
+        );
+    }
+}
 
 /// What a route is gated by.
 #[derive(Clone)]
@@ -279,7 +297,10 @@ impl GateSettings {
 
     /// Whether the request carries a hop marker that counts; a marker that
     /// does not verify is removed, and the request is treated as fresh.
-    pub fn take_hop(&self, req: &mut Request<Body>) -> bool {
+    /// A refused marker is counted and, at most once a minute, logged with
+    /// the peer (`client`): a `cluster_secret` that differs between gateways
+    /// shows here, not only as hops treated as fresh requests.
+    pub fn take_hop(&self, req: &mut Request<Body>, client: Option<SocketAddr>) -> bool {
         // Seen already by an outer layer of this process (the marker is gone).
         if req.extensions().get::<ForwardedHop>().is_some() {
             return true;
@@ -297,14 +318,17 @@ impl GateSettings {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        let ok = self.signer.verify(value, req.method().as_str(), path);
-        if ok {
-            let signed = self.signer.is_signed();
-            req.extensions_mut().insert(ForwardedHop { signed });
-        } else {
-            // Debug, not warn: any client can send a bad marker.
-            tracing::debug!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
-            req.headers_mut().remove(HOP);
+        let checked = self.signer.check(value, req.method().as_str(), path);
+        let ok = checked.is_ok();
+        match checked {
+            Ok(()) => {
+                let signed = self.signer.is_signed();
+                req.extensions_mut().insert(ForwardedHop { signed });
+            }
+            Err(why) => {
+                refused_hop(why, client);
+                req.headers_mut().remove(HOP);
+            }
         }
         ok || looped
     }

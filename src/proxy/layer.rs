@@ -372,7 +372,8 @@ where
                     // Not gated here: remember a verified hop for inner layers,
                     // then strip, since only rolegate sets X-Rolegate-* for the
                     // app; an upgrade the gate does not allow (h2c) is removed.
-                    gate.settings.take_hop(&mut req);
+                    let client = connect_info(&req);
+                    gate.settings.take_hop(&mut req, client);
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     let ask = UpgradeAsk::of(req.headers());
@@ -380,13 +381,10 @@ where
                     return answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate));
                 }
             };
-            let forwarded = gate.settings.take_hop(&mut req);
+            let client = connect_info(&req);
+            let forwarded = gate.settings.take_hop(&mut req, client);
             // Decide on the headers the inner service will see.
             super::forward::sanitize_headers(req.headers_mut(), true, &gate.settings.upgrades);
-            let client = req
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0);
             match gate.settings.settle(target, req, client, forwarded).await {
                 Settled::Local(mut req, lease, work) => {
                     strip_rolegate(req.headers_mut());
@@ -426,6 +424,13 @@ where
             }
         })
     }
+}
+
+/// The peer's address, when the app serves with `ConnectInfo`.
+fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
 }
 
 /// An in-process app's 101 passes only when it completes the upgrade the
