@@ -61,6 +61,21 @@ pub(crate) enum GatewayError {
     Tls(#[from] crate::tls::TlsError),
 }
 
+impl GatewayError {
+    /// Whether the configuration is refused (exit 2, as `check-config`):
+    /// only an edit fixes it, so a service manager should stop restarting.
+    pub(crate) fn is_config(&self) -> bool {
+        match self {
+            GatewayError::Store(e) => e.is_config(),
+            GatewayError::NoUpstream
+            | GatewayError::NotRegistered(_)
+            | GatewayError::Coordinator(_)
+            | GatewayError::Tls(_) => true,
+            GatewayError::Listen { .. } | GatewayError::Client(_) => false,
+        }
+    }
+}
+
 /// The public listeners (one per worker), the bound public address, and the
 /// admin listener.
 async fn bind_all(
