@@ -170,13 +170,16 @@ async fn start_coordinator(
     advertise: String,
     events: &Option<Arc<EventLog>>,
 ) -> Result<Coordinator, GatewayError> {
-    let store = open_store(config).await?;
+    let (store, failure) = open_store(config).await?;
     let mut builder = config.coordinator(store).advertise(advertise);
     if let Some(log) = events {
         let log = log.clone();
         builder = builder.on_lease_event(move |e| log.lease(&e));
     }
     let coordinator = builder.start()?;
+    if let Some(failure) = failure {
+        coordinator.note_store_error(&failure);
+    }
     if let Some(log) = events {
         log.started(coordinator.instance_id());
     }
@@ -251,33 +254,76 @@ fn install_metrics() -> Option<PrometheusHandle> {
 /// Opens the store. With `store.migrate`, the schema is applied; if the
 /// store does not answer at once, that keeps being retried in the
 /// background while the coordinator retries and readiness says 503.
-async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, StoreError> {
+/// The store, and the first call's failure (said in 503s until the
+/// coordinator has read the store).
+async fn open_store(config: &Config) -> Result<(Arc<dyn LeaseStore>, Option<String>), StoreError> {
     let store = crate::store::connect(&config.store).await?;
-    if !config.store.migrate {
-        return Ok(store);
+    // The first call, timed and logged at once either way: the operator sees
+    // the store answer (or why not) before the first heartbeat's retries.
+    // The bound leaves a pool's connect attempts time to name their cause.
+    let started = std::time::Instant::now();
+    let what = if config.store.migrate {
+        "applying the schema"
+    } else {
+        "reading the lease table"
+    };
+    let call = async {
+        if config.store.migrate {
+            store.migrate().await
+        } else {
+            store.snapshot(&[]).await.map(|_| ())
+        }
+    };
+    let first = tokio::time::timeout(FIRST_CALL_BOUND, call).await;
+    match &first {
+        Ok(Ok(())) => tracing::info!(
+            store = store.kind(),
+            round_trip_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "lease store answered ({what})"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(store = store.kind(), error = %e, "lease store call failed at start ({what}); failing closed and retrying")
+        }
+        Err(_) => tracing::warn!(
+            store = store.kind(),
+            "lease store did not answer within {} at start ({what}); failing closed and retrying",
+            humantime::format_duration(FIRST_CALL_BOUND)
+        ),
     }
-    let first = tokio::time::timeout(Duration::from_secs(3), store.migrate()).await;
-    if !matches!(first, Ok(Ok(()))) {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(200);
-            loop {
-                match store.migrate().await {
-                    Ok(()) => {
-                        tracing::info!("store schema applied");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "applying the store schema failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
+    let failure = match first {
+        Ok(Ok(())) => return Ok((store, None)),
+        Ok(Err(e)) => format!("{what}: {e}"),
+        Err(_) => format!(
+            "{what}: no answer within {}",
+            humantime::format_duration(FIRST_CALL_BOUND)
+        ),
+    };
+    if !config.store.migrate {
+        return Ok((store, Some(failure)));
+    }
+    let migrating = store.clone();
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match migrating.migrate().await {
+                Ok(()) => {
+                    tracing::info!("store schema applied");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "applying the store schema failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        });
-    }
-    Ok(store)
+        }
+    });
+    Ok((store, Some(failure)))
 }
+
+/// How long start waits for the store's first answer (a pool's 3 s wait for
+/// a connection, then one direct attempt that names the cause).
+const FIRST_CALL_BOUND: Duration = Duration::from_millis(4500);
 
 /// Starts the health probe when `upstream.health` is set.
 fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), GatewayError> {

@@ -138,6 +138,12 @@ impl RoleLease {
         self.shared.withdrawal()
     }
 
+    /// `Some(the last store error, if any)` while this instance has not read
+    /// the lease store yet (no holder can be known).
+    pub fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        self.shared.store_unread()
+    }
+
     /// The current holder if known and unexpired (this instance included).
     pub fn current_holder(&self) -> Option<HolderInfo> {
         let snap = self.shared.snapshot();
@@ -184,6 +190,12 @@ impl RolePartition {
     /// with a reason (see [`Coordinator::withdraw`](super::Coordinator::withdraw)).
     pub fn withdrawal(&self) -> Option<Arc<str>> {
         self.shared.withdrawal()
+    }
+
+    /// `Some(the last store error, if any)` while this instance has not read
+    /// the lease store yet (no holder can be known).
+    pub fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        self.shared.store_unread()
     }
 
     /// How many roles the partition has.

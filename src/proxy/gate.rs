@@ -62,6 +62,13 @@ impl GateTarget {
         }
     }
 
+    fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        match self {
+            GateTarget::Role(lease) => lease.store_unread(),
+            GateTarget::Partition { partition, .. } => partition.store_unread(),
+        }
+    }
+
     fn partition_name(&self) -> Option<Arc<str>> {
         match self {
             GateTarget::Role(_) => None,
@@ -125,11 +132,17 @@ impl GateTarget {
             Some(address) => Decision::Forward { address, role },
             None => problem(
                 Reason::HolderUnknown,
-                match self.withdrawal() {
+                match (self.store_unread(), self.withdrawal()) {
+                    (Some(last), _) => format!(
+                        "this gateway has not read the lease store yet (last error: {}); role `{role}` has no holder it knows of",
+                        last.as_deref().unwrap_or("none yet, the first call is under way")
+                    ),
+                    (None, withdrawal) => match withdrawal {
                     Some(why) => format!(
                         "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
                     ),
                     None => format!("role `{role}` has no live holder right now"),
+                    },
                 },
             ),
         }
