@@ -685,3 +685,68 @@ fn url_with_user(url: &str, user: &str) -> String {
     let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
     format!("{scheme}://{user}@{rest}")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_sorts_partition_roles_by_number_and_says_1_role() {
+    let text = format!(
+        "store:\n  kind: postgres\n  url: {}\n  table: {}\nroles:\n  - name: maintenance\npartitions:\n  - name: devices\n    count: 12\n  - name: single\n    count: 1\nroutes:\n  - prefixes: [/m]\n    role: maintenance\n",
+        support::postgres_url(),
+        support::unique_table("cli_order")
+    );
+    let p = temp_config("cli_order", &text);
+    let o = rolegate(&["check-config", "--config", s(&p)]);
+    assert!(
+        stdout(&o).contains("(postgres store, 14 roles, 1 route)"),
+        "{}",
+        stdout(&o)
+    );
+    let config = rolegate::Config::load(&p).unwrap();
+    let store = rolegate::store::open(&config.store).await.unwrap();
+    let c = config
+        .coordinator(store)
+        .advertise("http://127.0.0.1:9")
+        .start()
+        .unwrap();
+    c.ready(Duration::from_secs(5)).await.unwrap();
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let devices: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|r| r.starts_with("devices:"))
+        .collect();
+    let want: Vec<String> = (0..12).map(|i| format!("devices:partition-{i}")).collect();
+    assert_eq!(devices, want, "{out}");
+    assert!(
+        out.contains("partition single (1 role, balanced): "),
+        "{out}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_on_sqlite_leaves_no_wal_or_shm_file() {
+    let dir = support::test_dir("sqlite_wal");
+    let db = dir.join("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    let app = cluster::TestApp::start(0).await;
+    let spec = cluster::ClusterSpec::store("sqlite", &url, "cli_wal");
+    let mut gw = cluster::GatewayProcess::start(0, &spec, &app).await;
+    let wal = dir.join("leases.db-wal");
+    let shm = dir.join("leases.db-shm");
+    assert!(wal.exists() && shm.exists(), "WAL mode while running");
+    gw.signal("TERM");
+    let started = Instant::now();
+    let status = gw.child.wait().unwrap();
+    assert!(status.success(), "{}", gw.log());
+    assert!(started.elapsed() < Duration::from_secs(5), "{}", gw.log());
+    assert!(
+        gw.log().contains("stopped; leases released"),
+        "{}",
+        gw.log()
+    );
+    assert!(!wal.exists(), "{} left behind", wal.display());
+    assert!(!shm.exists(), "{} left behind", shm.display());
+    assert!(db.exists());
+}

@@ -138,10 +138,11 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
                 .map(|p| u64::from(p.count))
                 .sum::<u64>();
         println!(
-            "{}: ok ({} store, {roles} roles, {} routes); --print shows it resolved",
+            "{}: ok ({} store, {}, {}); --print shows it resolved",
             path.display(),
             config.store.kind.as_str(),
-            config.routes.len()
+            count(roles, "role"),
+            count(config.routes.len() as u64, "route")
         );
     }
     ExitCode::SUCCESS
@@ -185,10 +186,12 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
         store.snapshot(&[]).await
     }
     .await;
-    let records = match result {
+    let mut records = match result {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
+    // `devices:partition-2` before `devices:partition-10`.
+    records.sort_by(|a, b| role_order(&a.role).cmp(&role_order(&b.role)));
     if json {
         let rows: Vec<_> = records
             .iter()
@@ -205,6 +208,26 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
         print_spread(&partitions_of(path, &records), &records);
     }
     ExitCode::SUCCESS
+}
+
+/// `1 role`, `2 roles`.
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// Sorts a partition's roles by their number, other roles by name.
+fn role_order(role: &str) -> (&str, u32, &str) {
+    match role.rsplit_once(":partition-") {
+        Some((name, i)) => match i.parse() {
+            Ok(i) => (name, i, ""),
+            Err(_) => (role, 0, role),
+        },
+        None => (role, 0, ""),
+    }
 }
 
 /// A partition as the spread lines show it.
@@ -252,9 +275,9 @@ fn print_spread(partitions: &[PartitionLine], records: &[LeaseRecord]) {
         }
         let spread: Vec<String> = by_holder.iter().map(|(h, n)| format!("{h} {n}")).collect();
         println!(
-            "partition {} ({} roles{}): {}",
+            "partition {} ({}{}): {}",
             p.name,
-            p.count,
+            count(u64::from(p.count), "role"),
             if p.balanced { ", balanced" } else { "" },
             spread.join(", ")
         );

@@ -165,7 +165,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    runtime.block_on(dispatch(args))
+    let code = runtime.block_on(dispatch(args));
+    // The command is done: nothing left may hold the exit (a pool's
+    // connections, a lookup on a blocking thread).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
 }
 
 async fn dispatch(args: Cli) -> ExitCode {

@@ -124,7 +124,7 @@ pub(crate) async fn run(
         bound,
         config.tls.is_some(),
     );
-    let coordinator = start_coordinator(&config, advertise.clone(), &events).await?;
+    let (coordinator, store) = start_coordinator(&config, advertise.clone(), &events).await?;
     let states = worker_states(&config, &coordinator, &events, workers)?;
     tracing::info!(
         instance = coordinator.instance_id(),
@@ -161,6 +161,7 @@ pub(crate) async fn run(
     admin_stop.fire();
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
+    store.close().await;
     Ok(())
 }
 
@@ -169,9 +170,9 @@ async fn start_coordinator(
     config: &Config,
     advertise: String,
     events: &Option<Arc<EventLog>>,
-) -> Result<Coordinator, GatewayError> {
+) -> Result<(Coordinator, Arc<dyn LeaseStore>), GatewayError> {
     let (store, failure) = open_store(config).await?;
-    let mut builder = config.coordinator(store).advertise(advertise);
+    let mut builder = config.coordinator(store.clone()).advertise(advertise);
     if let Some(log) = events {
         let log = log.clone();
         builder = builder.on_lease_event(move |e| log.lease(&e));
@@ -183,7 +184,7 @@ async fn start_coordinator(
     if let Some(log) = events {
         log.started(coordinator.instance_id());
     }
-    Ok(coordinator)
+    Ok((coordinator, store))
 }
 
 /// One state per worker: each has its own forwarder, so its upstream and
@@ -219,15 +220,37 @@ fn connection_limit(config: &Config) -> usize {
     let nofile = raise_nofile_limit();
     let max_connections = connection_cap(config.proxy.max_connections, nofile);
     if max_connections < config.proxy.max_connections {
-        tracing::warn!(
-            configured = config.proxy.max_connections,
-            open_files_limit = nofile,
-            using = max_connections,
-            "proxy.max_connections lowered to fit the open-files limit"
-        );
+        let configured = config.proxy.max_connections;
+        if lowering_needs_warning(configured, max_connections) {
+            tracing::warn!(
+                configured,
+                open_files_limit = nofile,
+                using = max_connections,
+                "proxy.max_connections lowered to fit a low open-files limit; raise the hard limit (LimitNOFILE=, ulimit -Hn)"
+            );
+        } else {
+            tracing::info!(
+                configured,
+                open_files_limit = nofile,
+                using = max_connections,
+                "proxy.max_connections lowered to fit the open-files limit"
+            );
+        }
     }
     max_connections
 }
+
+/// Fewer connections than the default is routine on most machines (the
+/// default asks for more descriptors than a usual hard limit gives); it is
+/// worth a WARN when an explicit `max_connections` cannot be had, or when
+/// the hard limit leaves fewer than [`FEW_CONNECTIONS`].
+fn lowering_needs_warning(configured: usize, using: usize) -> bool {
+    using < configured
+        && (configured != crate::proxy::defaults::MAX_CONNECTIONS || using < FEW_CONNECTIONS)
+}
+
+/// Below this many connections, a lowered limit is a WARN.
+const FEW_CONNECTIONS: usize = 1024;
 
 fn install_metrics() -> Option<PrometheusHandle> {
     match telemetry::install() {
@@ -379,4 +402,21 @@ async fn drain(
     // Drained above, up to the bound: what still runs under a term (an
     // upgraded tunnel outlives its connection) is ended, then released.
     coordinator.shutdown_now().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lowered_default_is_routine_and_a_lowered_explicit_limit_is_a_warning() {
+        let default = crate::proxy::defaults::MAX_CONNECTIONS;
+        // The default within a 20000 hard limit: routine.
+        assert!(!lowering_needs_warning(default, 6645));
+        // A low hard limit (1024 descriptors): few connections.
+        assert!(lowering_needs_warning(default, 320));
+        // An explicit value that cannot be had.
+        assert!(lowering_needs_warning(50_000, 6645));
+        assert!(!lowering_needs_warning(500, 500));
+    }
 }

@@ -197,6 +197,12 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { self.snapshot(&[]).await.map(|_| ()) })
     }
+
+    /// Called once after the last call (the gateway's clean stop): a store
+    /// that owns its connections may flush and close them. Default: nothing.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Opens the store a config names, applying the schema when

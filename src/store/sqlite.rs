@@ -184,6 +184,19 @@ impl LeaseStore for SqliteStore {
         "sqlite"
     }
 
+    fn close(&self) -> BoxFuture<'_, ()> {
+        async move {
+            // Fold the WAL into the database and close every connection:
+            // the last close removes the -wal and -shm files.
+            let checkpoint = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.pool);
+            if let Err(e) = checkpoint.await {
+                tracing::debug!(error = %e, "SQLite checkpoint at stop failed");
+            }
+            self.pool.close().await;
+        }
+        .boxed()
+    }
+
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         async move {
             sqlx::raw_sql(&self.sql.migrate)
