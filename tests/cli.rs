@@ -666,6 +666,14 @@ async fn check_config_connect_and_status_need_only_the_store_section() {
     let ro = temp_config("cli_connect_ro", &text(&url));
     let o = rolegate(&["check-config", "--connect", "--config", s(&ro)]);
     let err = stderr(&o);
+    // The least privileges docs/deploy.md grants the runtime role are enough.
+    for sql in [
+        format!("GRANT INSERT, UPDATE ON {table} TO {user}"),
+        format!("GRANT INSERT, UPDATE, DELETE ON {table}_members TO {user}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let granted = rolegate(&["check-config", "--connect", "--config", s(&ro)]);
     for sql in [
         format!("REVOKE ALL ON {table}, {table}_members FROM {user}"),
         format!("DROP ROLE {user}"),
@@ -677,6 +685,7 @@ async fn check_config_connect_and_status_need_only_the_store_section() {
         err.contains("lacks privileges") && err.contains(&format!("{table}: INSERT")),
         "{err}"
     );
+    assert_eq!(code(&granted), 0, "{}", stderr(&granted));
 }
 
 /// `postgres://user@host...` with another user.

@@ -69,6 +69,25 @@ impl GateTarget {
         }
     }
 
+    /// Why no holder is known: the store not read yet (with its last
+    /// error), this instance withdrawn, or simply none live.
+    fn no_holder(&self, role: &str) -> String {
+        if let Some(last) = self.store_unread() {
+            let last = last
+                .as_deref()
+                .unwrap_or("none yet, the first call is under way");
+            return format!(
+                "this gateway has not read the lease store yet (last error: {last}); role `{role}` has no holder it knows of"
+            );
+        }
+        match self.withdrawal() {
+            Some(why) => format!(
+                "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
+            ),
+            None => format!("role `{role}` has no live holder right now"),
+        }
+    }
+
     fn partition_name(&self) -> Option<Arc<str>> {
         match self {
             GateTarget::Role(_) => None,
@@ -130,21 +149,7 @@ impl GateTarget {
         }
         match holder {
             Some(address) => Decision::Forward { address, role },
-            None => problem(
-                Reason::HolderUnknown,
-                match (self.store_unread(), self.withdrawal()) {
-                    (Some(last), _) => format!(
-                        "this gateway has not read the lease store yet (last error: {}); role `{role}` has no holder it knows of",
-                        last.as_deref().unwrap_or("none yet, the first call is under way")
-                    ),
-                    (None, withdrawal) => match withdrawal {
-                    Some(why) => format!(
-                        "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
-                    ),
-                    None => format!("role `{role}` has no live holder right now"),
-                    },
-                },
-            ),
+            None => problem(Reason::HolderUnknown, self.no_holder(&role)),
         }
     }
 }
