@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
     let options = LayerOptions::new()?;
     let gated = ServiceBuilder::new()
         .layer(
-            RoleHolderLayer::new(&coordinator, "reports", options.clone()).prefixes(["/reports"]),
+            RoleHolderLayer::new(&coordinator, "reports", options.clone())?.prefixes(["/reports"]),
         )
         .layer(
             PartitionHolderLayer::new(
@@ -69,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
                 "accounts",
                 KeyExtractor::PathSegment(2),
                 options,
-            )
+            )?
             .prefixes(["/accounts"]),
         )
         .service(routes);

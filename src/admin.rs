@@ -52,6 +52,9 @@ pub struct InstanceView {
     pub store: &'static str,
     pub ready: bool,
     pub draining: bool,
+    /// Whether hop markers are signed (`proxy.cluster_secret` set). Every
+    /// gateway of a cluster must say the same, with the same secret.
+    pub hops_signed: bool,
 }
 
 #[derive(Serialize)]
@@ -69,7 +72,7 @@ pub struct RoleView {
 }
 
 /// The `/leases` document (SPEC 7).
-pub fn leases_view(c: &Coordinator) -> LeasesView {
+pub fn leases_view(c: &Coordinator, hops_signed: bool) -> LeasesView {
     let snap = c.snapshot();
     let now = Instant::now();
     let draining = c.is_draining();
@@ -82,6 +85,7 @@ pub fn leases_view(c: &Coordinator) -> LeasesView {
             store: c.store_kind(),
             ready: c.is_ready(),
             draining,
+            hops_signed,
         },
         members: snap
             .members
@@ -154,6 +158,7 @@ fn partition_views(c: &Coordinator, snap: &crate::lease::HolderSnapshot) -> Vec<
 struct AdminState {
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
+    hops_signed: bool,
 }
 
 impl axum::extract::FromRef<AdminState> for Coordinator {
@@ -162,7 +167,11 @@ impl axum::extract::FromRef<AdminState> for Coordinator {
     }
 }
 
-pub fn router(coordinator: Coordinator, metrics: Option<PrometheusHandle>) -> Router {
+pub fn router(
+    coordinator: Coordinator,
+    metrics: Option<PrometheusHandle>,
+    hops_signed: bool,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
@@ -172,6 +181,7 @@ pub fn router(coordinator: Coordinator, metrics: Option<PrometheusHandle>) -> Ro
         .with_state(AdminState {
             coordinator,
             metrics,
+            hops_signed,
         })
 }
 
@@ -203,13 +213,13 @@ async fn readyz(State(c): State<Coordinator>) -> Response {
     }
 }
 
-async fn leases(State(c): State<Coordinator>) -> Response {
+async fn leases(State(s): State<AdminState>) -> Response {
     (
         [
             (header::CONTENT_TYPE, "application/json"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        serde_json::to_string(&leases_view(&c)).unwrap_or_default(),
+        serde_json::to_string(&leases_view(&s.coordinator, s.hops_signed)).unwrap_or_default(),
     )
         .into_response()
 }
@@ -221,8 +231,8 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-async fn status_page(State(c): State<Coordinator>) -> Html<String> {
-    let v = leases_view(&c);
+async fn status_page(State(s): State<AdminState>) -> Html<String> {
+    let v = leases_view(&s.coordinator, s.hops_signed);
     let mut rows = String::new();
     for r in &v.roles {
         rows.push_str(&format!(
@@ -332,9 +342,10 @@ pub async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
+    hops_signed: bool,
     mut stop: crate::shutdown::Shutdown,
 ) {
-    let app = router(coordinator, metrics);
+    let app = router(coordinator, metrics, hops_signed);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let mut accept_errors = crate::listener::AcceptBackoff::default();
     loop {

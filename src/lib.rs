@@ -29,11 +29,18 @@ pub use lease::{
     RoleLease, RolePartition,
 };
 pub use proxy::{
-    Cidr, ForwardError, Forwarder, HolderService, KeyExtractor, KeySource, LayerOptions,
-    PartitionHolderLayer, Problem, Reason, RoleHolderLayer,
+    Cidr, ForwardError, Forwarder, HolderService, KeyExtractor, KeySource, LayerError,
+    LayerOptions, PartitionHolderLayer, Problem, Reason, RoleHolderLayer,
 };
 pub use role::{RoleName, RoleNameError, MAX_PARTITION_COUNT, MAX_ROLE_NAME_LEN};
 pub use store::{LeaseStore, StoreConfig, StoreError, StoreKind};
+
+/// The Rust snippets of `docs/` pages other than `docs/library.md` (the crate
+/// docs above) are compiled here as doctests, one hidden item per page, e.g.
+/// `#[doc = include_str!("../docs/PAGE.md")] struct Page;`.
+/// `tests/doc_snippets.rs` fails when a page with a snippet is missing.
+#[cfg(doctest)]
+mod doc_snippets {}
 
 /// Not API: the binary's entry point and the internals that the tests,
 /// benchmarks and fuzz targets exercise directly. May change in any release.

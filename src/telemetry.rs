@@ -58,6 +58,11 @@ pub const TLS_RELOADS: &str = "rolegate_tls_certificate_reloads_total";
 /// Counter: TLS handshakes on the public listener that failed or timed out.
 pub const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures_total";
 
+/// Counter: hop markers refused by `reason`: `bad-signature` (another
+/// `proxy.cluster_secret`, or a forgery), `unsigned` (the sender has no
+/// secret), `stale` (signed more than 30 s from now).
+pub const HOPS_REFUSED: &str = "rolegate_hops_refused_total";
+
 /// Installs the Prometheus recorder for this process.
 pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let buckets = [
@@ -116,6 +121,10 @@ fn describe() {
     describe_counter!(
         HEALTH_WITHDRAWALS,
         "times this instance stopped contending because its app failed its health check"
+    );
+    describe_counter!(
+        HOPS_REFUSED,
+        "hop markers refused, by reason (bad-signature, unsigned, stale)"
     );
     describe_counter!(
         TLS_RELOADS,

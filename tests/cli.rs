@@ -548,3 +548,214 @@ async fn probe_exits_0_for_2xx_and_1_otherwise() {
         .unwrap();
     assert_eq!(code(&down), 1);
 }
+
+/// `check-config` and `run` refuse the same file with the same exit code (2),
+/// so a service manager's `RestartPreventExitStatus=2` stops the loop.
+fn refused_by_both(p: &Path, needle: &str) {
+    for command in ["check-config", "run"] {
+        let o = rolegate(&[command, "--config", s(p)]);
+        assert_eq!(code(&o), 2, "{command}: {}", stderr(&o));
+        assert!(stderr(&o).contains(needle), "{command}: {}", stderr(&o));
+    }
+}
+
+const UPSTREAM: &str = "upstream:\n  url: http://127.0.0.1:9\n";
+
+#[test]
+fn a_store_url_of_another_kind_is_refused_by_check_config_and_run() {
+    let p = temp_config(
+        "scheme_pg",
+        &format!("{UPSTREAM}store:\n  kind: postgres\n  url: mysql://app@127.0.0.1:1/app\n"),
+    );
+    refused_by_both(
+        &p,
+        "store.url: `mysql://` does not match store.kind postgres",
+    );
+    let p = temp_config(
+        "scheme_lite",
+        &format!("{UPSTREAM}store:\n  kind: sqlite\n  url: postgres://app@127.0.0.1:1/app\n"),
+    );
+    refused_by_both(&p, "does not match store.kind sqlite");
+}
+
+#[test]
+fn listen_and_admin_listen_on_one_port_are_refused_by_check_config_and_run() {
+    let port = support::free_port();
+    for (listen, admin) in [
+        (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}")),
+        (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}")),
+    ] {
+        let p = temp_config(
+            "same_port",
+            &format!("{UPSTREAM}store:\n  kind: memory\nlisten: {listen}\nadmin_listen: {admin}\n"),
+        );
+        refused_by_both(&p, "admin_listen: ");
+        refused_by_both(&p, "same port as listen");
+    }
+}
+
+#[test]
+fn a_sqlite_database_in_a_missing_directory_is_named_by_check_config_and_run() {
+    let dir = support::test_dir("lite_nodir").join("no-such-dir");
+    let p = temp_config(
+        "lite_nodir",
+        &format!(
+            "{UPSTREAM}listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore:\n  kind: sqlite\n  url: sqlite://{}/leases.db\n",
+            dir.display()
+        ),
+    );
+    refused_by_both(&p, &format!("the directory `{}`", dir.display()));
+    refused_by_both(&p, "does not exist");
+}
+
+#[test]
+fn an_unreadable_tls_file_exits_2_from_run_as_from_check_config() {
+    let p = temp_config(
+        "tls_missing",
+        &format!("{UPSTREAM}listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\nstore:\n  kind: memory\ntls:\n  cert_file: /nonexistent/cert.pem\n  key_file: /nonexistent/key.pem\n"),
+    );
+    refused_by_both(&p, "/nonexistent/cert.pem");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_connect_and_status_need_only_the_store_section() {
+    let table = support::unique_table("cli_connect");
+    // Every other section names a variable this machine does not have.
+    let text = |url: &str| {
+        format!(
+            "upstream:\n  url: ${{ROLEGATE_TEST_UNSET_UPSTREAM}}\nproxy:\n  cluster_secret: ${{ROLEGATE_TEST_UNSET_SECRET}}\nstore:\n  kind: postgres\n  url: {url}\n  table: {table}\n  migrate: false\nroles:\n  - name: maintenance\n"
+        )
+    };
+    let p = temp_config("cli_connect", &text(&support::postgres_url()));
+    // The whole file does not resolve here...
+    let o = rolegate(&["check-config", "--config", s(&p)]);
+    assert_eq!(code(&o), 2, "{}", stderr(&o));
+    assert!(stderr(&o).contains("ROLEGATE_TEST_UNSET"), "{}", stderr(&o));
+    // ...but its store section does: not migrated yet says so, exit 1.
+    let o = rolegate(&["check-config", "--connect", "--config", s(&p)]);
+    assert_eq!(code(&o), 1, "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).contains("rolegate migrate"), "{}", stderr(&o));
+    let o = rolegate(&["migrate", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let o = rolegate(&["check-config", "--connect", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("store ok (postgres store")
+            && out.contains("read and write granted")
+            && out.contains("round trip "),
+        "{out}"
+    );
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("ROLE"), "{}", stdout(&o));
+
+    // A user that may read the table but not write it is named as such.
+    let pool = sqlx::PgPool::connect(&support::postgres_url())
+        .await
+        .unwrap();
+    let user = format!("{table}_ro");
+    for sql in [
+        format!("CREATE ROLE {user} LOGIN"),
+        format!("GRANT SELECT ON {table}, {table}_members TO {user}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let mut url = url_with_user(&support::postgres_url(), &user);
+    url.push_str("?application_name=check");
+    let ro = temp_config("cli_connect_ro", &text(&url));
+    let o = rolegate(&["check-config", "--connect", "--config", s(&ro)]);
+    let err = stderr(&o);
+    // The least privileges docs/deploy.md grants the runtime role are enough.
+    for sql in [
+        format!("GRANT INSERT, UPDATE ON {table} TO {user}"),
+        format!("GRANT INSERT, UPDATE, DELETE ON {table}_members TO {user}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    let granted = rolegate(&["check-config", "--connect", "--config", s(&ro)]);
+    for sql in [
+        format!("REVOKE ALL ON {table}, {table}_members FROM {user}"),
+        format!("DROP ROLE {user}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.unwrap();
+    }
+    assert_eq!(code(&o), 1, "{err}");
+    assert!(
+        err.contains("lacks privileges") && err.contains(&format!("{table}: INSERT")),
+        "{err}"
+    );
+    assert_eq!(code(&granted), 0, "{}", stderr(&granted));
+}
+
+/// `postgres://user@host...` with another user.
+fn url_with_user(url: &str, user: &str) -> String {
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let rest = rest.split_once('@').map_or(rest, |(_, r)| r);
+    format!("{scheme}://{user}@{rest}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_sorts_partition_roles_by_number_and_says_1_role() {
+    let text = format!(
+        "store:\n  kind: postgres\n  url: {}\n  table: {}\nroles:\n  - name: maintenance\npartitions:\n  - name: devices\n    count: 12\n  - name: single\n    count: 1\nroutes:\n  - prefixes: [/m]\n    role: maintenance\n",
+        support::postgres_url(),
+        support::unique_table("cli_order")
+    );
+    let p = temp_config("cli_order", &text);
+    let o = rolegate(&["check-config", "--config", s(&p)]);
+    assert!(
+        stdout(&o).contains("(postgres store, 14 roles, 1 route)"),
+        "{}",
+        stdout(&o)
+    );
+    let config = rolegate::Config::load(&p).unwrap();
+    let store = rolegate::store::open(&config.store).await.unwrap();
+    let c = config
+        .coordinator(store)
+        .advertise("http://127.0.0.1:9")
+        .start()
+        .unwrap();
+    c.ready(Duration::from_secs(5)).await.unwrap();
+    let o = rolegate(&["status", "--config", s(&p)]);
+    assert_eq!(code(&o), 0, "{}", stderr(&o));
+    let out = stdout(&o);
+    let devices: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|r| r.starts_with("devices:"))
+        .collect();
+    let want: Vec<String> = (0..12).map(|i| format!("devices:partition-{i}")).collect();
+    assert_eq!(devices, want, "{out}");
+    assert!(
+        out.contains("partition single (1 role, balanced): "),
+        "{out}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_stop_on_sqlite_leaves_no_wal_or_shm_file() {
+    let dir = support::test_dir("sqlite_wal");
+    let db = dir.join("leases.db");
+    let url = format!("sqlite://{}", db.display());
+    let app = cluster::TestApp::start(0).await;
+    let spec = cluster::ClusterSpec::store("sqlite", &url, "cli_wal");
+    let mut gw = cluster::GatewayProcess::start(0, &spec, &app).await;
+    let wal = dir.join("leases.db-wal");
+    let shm = dir.join("leases.db-shm");
+    assert!(wal.exists() && shm.exists(), "WAL mode while running");
+    gw.signal("TERM");
+    let started = Instant::now();
+    let status = gw.child.wait().unwrap();
+    assert!(status.success(), "{}", gw.log());
+    assert!(started.elapsed() < Duration::from_secs(5), "{}", gw.log());
+    assert!(
+        gw.log().contains("stopped; leases released"),
+        "{}",
+        gw.log()
+    );
+    assert!(!wal.exists(), "{} left behind", wal.display());
+    assert!(!shm.exists(), "{} left behind", shm.display());
+    assert!(db.exists());
+}

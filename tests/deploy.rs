@@ -440,10 +440,12 @@ fn gateways_never_migrate_and_the_migrate_config_targets_their_table() {
         ),
     ];
     let migrate_file = "deploy/postgres/migrate.yaml";
-    let env: Env = [(
-        "ROLEGATE_OWNER_PASSWORD".to_string(),
-        "0123abcd".to_string(),
-    )]
+    let env: Env = [
+        ("ROLEGATE_OWNER_PASSWORD", "0123abcd"),
+        ("ROLEGATE_DB_HOST", "db.internal:5432"),
+        ("ROLEGATE_DB_NAME", "app"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()))
     .into();
     assert_check_config_passes(migrate_file, &repo_file(migrate_file), &env);
     let migrate = resolve(migrate_file, &repo_file(migrate_file), &env);

@@ -433,7 +433,7 @@ routes:
                     r[(n as usize) % r.len()].clone()
                 };
                 let id = format!("l{l}-{n}");
-                let path = if n % 2 == 0 {
+                let path = if n.is_multiple_of(2) {
                     format!("/maintenance/{id}")
                 } else {
                     format!("/dev/{id}")

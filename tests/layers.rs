@@ -16,7 +16,7 @@ use http::{Request, StatusCode};
 use rolegate::lease::HeldLease;
 use rolegate::store::{LeaseStore, MemoryStore};
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
-use rolegate::{KeyExtractor, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
+use rolegate::{KeyExtractor, LayerError, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 use support::cluster;
 use tower::ServiceBuilder;
 
@@ -71,10 +71,13 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
     let options = LayerOptions::new().unwrap();
     let gated = ServiceBuilder::new()
         .layer(
-            RoleHolderLayer::new(&coordinator, "reports", options.clone()).prefixes(["/reports"]),
+            RoleHolderLayer::new(&coordinator, "reports", options.clone())
+                .unwrap()
+                .prefixes(["/reports"]),
         )
         .layer(
-            RoleHolderLayer::new(&coordinator, "not-registered", options.clone())
+            // The explicit opt-in: an unknown role gates nothing.
+            RoleHolderLayer::if_registered(&coordinator, "not-registered", options.clone())
                 .prefixes(["/other"]),
         )
         .layer(
@@ -84,6 +87,7 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
                 KeyExtractor::PathSegment(2),
                 options,
             )
+            .unwrap()
             .prefixes(["/accounts"]),
         )
         .service(routes);
@@ -155,7 +159,7 @@ async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
             "{path}: {body:?}"
         );
     }
-    // A layer for an unregistered role installs nothing.
+    // `if_registered` for an unregistered role installs nothing.
     let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}/other"))
         .await
         .unwrap();
@@ -257,6 +261,7 @@ async fn partition_layer_without_a_key_answers_400() {
                 KeyExtractor::header("x-key").unwrap(),
                 LayerOptions::new().unwrap(),
             )
+            .unwrap()
             .scope("S"),
         )
         .service(routes);
@@ -291,4 +296,52 @@ async fn an_apps_101_without_the_handshake_asked_for_is_answered_502() {
     }
     a.shutdown().await;
     b.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_for_an_unknown_role_or_partition_is_an_error_naming_the_registered_ones() {
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let c = CoordinatorBuilder::new(store)
+        .advertise("http://127.0.0.1:1")
+        .role("cron", T)
+        .role("reports", T)
+        .partition("accounts", 4, T)
+        .start()
+        .unwrap();
+    let options = LayerOptions::new().unwrap();
+    // A typo fails closed: no layer at all, and the message says what is there.
+    let err = RoleHolderLayer::new(&c, "crno", options.clone())
+        .err()
+        .expect("an unknown role is an error");
+    assert_eq!(
+        err,
+        LayerError::UnknownRole {
+            role: "crno".into(),
+            registered: vec!["cron".into(), "reports".into()],
+        }
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("`crno`") && text.contains("`cron`, `reports`"),
+        "{text}"
+    );
+    let err =
+        PartitionHolderLayer::new(&c, "acounts", KeyExtractor::PathSegment(2), options.clone())
+            .err()
+            .expect("an unknown partition is an error");
+    assert_eq!(
+        err,
+        LayerError::UnknownPartition {
+            partition: "acounts".into(),
+            registered: vec!["accounts".into()],
+        }
+    );
+    assert!(err.to_string().contains("`accounts`"), "{err}");
+    // Registered names build, partition roles included.
+    assert!(RoleHolderLayer::new(&c, "reports", options.clone()).is_ok());
+    assert!(RoleHolderLayer::new(&c, "accounts:partition-3", options.clone()).is_ok());
+    assert!(
+        PartitionHolderLayer::new(&c, "accounts", KeyExtractor::PathSegment(2), options).is_ok()
+    );
+    c.shutdown().await;
 }

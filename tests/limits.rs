@@ -300,14 +300,32 @@ async fn the_soft_open_files_limit_is_raised_to_the_hard_limit_at_start() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_max_connections_lowered_by_a_usual_hard_limit_is_an_info_not_a_warn() {
+    let mut spec = ClusterSpec::postgres("lim_nofile_info");
+    // 8192 descriptors fit about 2700 connections of the default 10000.
+    spec.ulimit = Some("-n 8192".into());
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("proxy.max_connections lowered"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains(" INFO "), "{line}");
+    assert!(!log.lines().any(|l| l.contains(" WARN ")), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_a_low_hard_open_files_limit_the_admin_answers_and_the_log_stays_quiet() {
     let mut spec = ClusterSpec::postgres("lim_fd");
     spec.ulimit = Some("-n 256".into());
     let app = TestApp::start(0).await;
     let gw = GatewayProcess::start(0, &spec, &app).await;
     assert!(
-        gw.log().contains("proxy.max_connections lowered"),
-        "{}",
+        gw.log()
+            .lines()
+            .any(|l| l.contains(" WARN ") && l.contains("proxy.max_connections lowered")),
+        "a low hard limit is worth a WARN: {}",
         gw.log()
     );
     let mut held = Vec::new();

@@ -92,6 +92,60 @@ async fn readyz_is_503_before_the_first_snapshot_and_while_postgres_is_down() {
     wait_readyz(&gw, StatusCode::OK, Duration::from_secs(20)).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_the_first_snapshot_a_role_request_says_the_store_was_not_read_and_why() {
+    let app = TestApp::start(0).await;
+    let port = support::free_port();
+    let down = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let spec = ClusterSpec {
+        wait_ready: false,
+        ..ClusterSpec::postgres_at(&down, "op_unread")
+    };
+    let gw = GatewayProcess::start(0, &spec, &app).await;
+    let started = std::time::Instant::now();
+    let mut last;
+    loop {
+        let (status, _, body) = cluster::get(&format!("{}/maintenance/x", gw.url()))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        last = String::from_utf8_lossy(&body).into_owned();
+        assert!(
+            last.contains("this gateway has not read the lease store yet (last error: "),
+            "{last}"
+        );
+        if last.to_lowercase().contains("connection refused") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "the 503 never named the store's error: {last}\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(last.contains(&format!("127.0.0.1:{port}")), "{last}");
+    // The first failure was logged as it happened, before the heartbeat's.
+    let log = gw.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("lease store call failed at start")),
+        "{log}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_logs_the_stores_first_round_trip() {
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &ClusterSpec::postgres("op_first_rt"), &app).await;
+    let log = gw.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("lease store answered (applying the schema)"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(line.contains("round_trip_ms="), "{line}");
+}
+
 /// Parses Prometheus text: every sample line is `name{labels} value`.
 fn parse_metrics(text: &str) -> HashMap<String, f64> {
     let mut out = HashMap::new();

@@ -224,6 +224,50 @@ async fn with_a_cluster_secret_a_spoofed_hop_marker_is_dropped_and_the_request_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_signed_with_another_cluster_secret_is_counted_and_warned_once_naming_the_peer() {
+    let spec = ClusterSpec::postgres("px_badsig")
+        .with_proxy("  cluster_secret: the-holders-secret-0123456789\n");
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let holder = GatewayProcess::start(0, &spec, &apps[0]).await;
+    support::wait_for_async(
+        "gateway 0 holds maintenance",
+        Duration::from_secs(10),
+        || async { holder.held().await.get("maintenance").is_some_and(|h| h.0) },
+    )
+    .await;
+    // The same store and routes, another secret: the operator's typo.
+    let mut other = spec.clone();
+    other.proxy_yaml = "  cluster_secret: another-secret-0123456789abc\n".into();
+    let peer = GatewayProcess::start(1, &other, &apps[1]).await;
+    for _ in 0..3 {
+        let req = Request::get(format!("{}/maintenance/mismatch", peer.url()))
+            .body(Body::empty())
+            .unwrap();
+        let (status, headers, _) = cluster::request(req).await.unwrap();
+        // The refused marker is dropped; the holder serves it as fresh.
+        assert_eq!(status, StatusCode::CREATED);
+        assert_eq!(headers["x-app"], "0");
+    }
+    let (_, _, body) = cluster::get(&format!("{}/metrics", holder.admin_url()))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    assert!(
+        text.lines()
+            .any(|l| l == "rolegate_hops_refused_total{reason=\"bad-signature\"} 3"),
+        "{text}"
+    );
+    let log = holder.log();
+    let warns: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("refused a hop marker from 127.0.0.1:"))
+        .collect();
+    assert_eq!(warns.len(), 1, "one WARN a minute at most:\n{log}");
+    assert!(warns[0].contains("cluster_secret"), "{}", warns[0]);
+    assert_eq!(holder.leases().await["instance"]["hops_signed"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_events_reach_the_client_through_the_forwarded_path_while_the_stream_is_open() {
     let c = Cluster::start(ClusterSpec::postgres("px_sse")).await;
     let resp = cluster::send(

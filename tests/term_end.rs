@@ -502,6 +502,7 @@ mod library {
         let gated = ServiceBuilder::new()
             .layer(
                 RoleHolderLayer::new(coordinator, "reports", options.clone())
+                    .unwrap()
                     .prefixes(["/reports"]),
             )
             .layer(
@@ -511,6 +512,7 @@ mod library {
                     KeyExtractor::PathSegment(2),
                     options,
                 )
+                .unwrap()
                 .prefixes(["/accounts"]),
             )
             .service(routes);

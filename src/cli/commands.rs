@@ -30,8 +30,92 @@ pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usiz
     let workers = workers.unwrap_or_else(|| {
         std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
     });
+    // What check-config refuses, `run` refuses the same way (exit 2), so a
+    // service manager stops restarting a config that cannot work.
+    if let Some(code) = refuse_files(path, &config) {
+        return code;
+    }
     match crate::gateway::run(config, events, workers).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_config() => {
+            eprintln!("error: {}: {}", path.display(), super::report(&e));
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+/// The files a start would read (the store's TLS files and SQLite
+/// directory, the listener's and peers' certificates), checked as opening
+/// them would; `Some(exit 2)` after printing why, when one is unusable.
+fn refuse_files(path: &Path, config: &crate::config::Config) -> Option<ExitCode> {
+    if let Err(e) = crate::store::check_files(&config.store) {
+        eprintln!("error: {}: {}", path.display(), super::report(&e));
+        return Some(ExitCode::from(EXIT_CONFIG));
+    }
+    if let Err(e) = crate::tls::check_files(config.tls.as_ref(), &config.peers) {
+        eprintln!("error: {}: {}", path.display(), e.report());
+        return Some(ExitCode::from(EXIT_CONFIG));
+    }
+    None
+}
+
+/// `rolegate check-config --connect`: the `store` section only, then the
+/// store itself.
+pub(super) async fn check_store(path: &Path) -> ExitCode {
+    let store_config = match crate::config::Config::load_store(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    if let Err(e) = crate::store::check_files(&store_config) {
+        eprintln!("error: {}: {}", path.display(), super::report(&e));
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let store = match crate::store::connect(&store_config).await {
+        Ok(s) => s,
+        Err(e) if e.is_config() => {
+            eprintln!("error: {}: {}", path.display(), super::report(&e));
+            return ExitCode::from(EXIT_CONFIG);
+        }
+        Err(e) => return fail(&e),
+    };
+    // The first call opens the connection; the second is one round trip.
+    if let Err(e) = store.check_access().await {
+        if e.is_schema() && store_config.migrate {
+            println!(
+                "{}: the schema is not applied yet; the first gateway applies it (store.migrate: true)",
+                path.display()
+            );
+        } else {
+            return fail(&e);
+        }
+    }
+    let started = std::time::Instant::now();
+    let checked = store.snapshot(&[]).await;
+    let round_trip = started.elapsed();
+    match checked {
+        Ok(records) => {
+            println!(
+                "{}: store ok ({} store, table {}, {} records, schema applied, read and write granted); round trip {:.1} ms",
+                path.display(),
+                store.kind(),
+                store_config.table,
+                records.len(),
+                round_trip.as_secs_f64() * 1000.0
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) if e.is_schema() && store_config.migrate => {
+            println!(
+                "{}: store reachable ({} store); round trip not measured before the schema exists",
+                path.display(),
+                store.kind()
+            );
+            ExitCode::SUCCESS
+        }
         Err(e) => fail(&e),
     }
 }
@@ -41,15 +125,8 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    // The store's TLS files, read and checked as opening the store would.
-    if let Err(e) = crate::store::check_tls_files(&config.store) {
-        eprintln!("error: {}: {}", path.display(), super::report(&e));
-        return ExitCode::from(EXIT_CONFIG);
-    }
-    // The files `run` would read at start: a bad pair is refused here too.
-    if let Err(e) = crate::tls::check_files(config.tls.as_ref(), &config.peers) {
-        eprintln!("error: {}: {}", path.display(), e.report());
-        return ExitCode::from(super::EXIT_CONFIG);
+    if let Some(code) = refuse_files(path, &config) {
+        return code;
     }
     if print {
         print!("{}", config.to_yaml());
@@ -61,21 +138,27 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
                 .map(|p| u64::from(p.count))
                 .sum::<u64>();
         println!(
-            "{}: ok ({} store, {roles} roles, {} routes); --print shows it resolved",
+            "{}: ok ({} store, {}, {}); --print shows it resolved",
             path.display(),
             config.store.kind.as_str(),
-            config.routes.len()
+            count(roles, "role"),
+            count(config.routes.len() as u64, "route")
         );
     }
     ExitCode::SUCCESS
 }
 
 pub(super) async fn migrate(path: &Path) -> ExitCode {
-    let config = match load_config(path) {
+    // Only the store section, as `status`: run it from wherever the store's
+    // credentials are.
+    let store_config = match crate::config::Config::load_store(path) {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
     };
-    let store = match crate::store::connect(&config.store).await {
+    let store = match crate::store::connect(&store_config).await {
         Ok(s) => s,
         Err(e) => return fail(&e),
     };
@@ -89,19 +172,26 @@ pub(super) async fn migrate(path: &Path) -> ExitCode {
 }
 
 pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
-    let config = match load_config(path) {
+    // Only the store section (and its `${VAR}`s): from any machine that can
+    // reach the store.
+    let store_config = match crate::config::Config::load_store(path) {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
     };
     let result = async {
-        let store = crate::store::connect(&config.store).await?;
+        let store = crate::store::connect(&store_config).await?;
         store.snapshot(&[]).await
     }
     .await;
-    let records = match result {
+    let mut records = match result {
         Ok(r) => r,
         Err(e) => return fail(&e),
     };
+    // `devices:partition-2` before `devices:partition-10`.
+    records.sort_by(|a, b| role_order(&a.role).cmp(&role_order(&b.role)));
     if json {
         let rows: Vec<_> = records
             .iter()
@@ -115,14 +205,68 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
         println!("{}", serde_json::Value::Array(rows));
     } else {
         print_table(&records);
-        print_spread(&config, &records);
+        print_spread(&partitions_of(path, &records), &records);
     }
     ExitCode::SUCCESS
 }
 
+/// `1 role`, `2 roles`.
+fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
+/// Sorts a partition's roles by their number, other roles by name.
+fn role_order(role: &str) -> (&str, u32, &str) {
+    match role.rsplit_once(":partition-") {
+        Some((name, i)) => match i.parse() {
+            Ok(i) => (name, i, ""),
+            Err(_) => (role, 0, role),
+        },
+        None => (role, 0, ""),
+    }
+}
+
+/// A partition as the spread lines show it.
+struct PartitionLine {
+    name: String,
+    count: u32,
+    balanced: bool,
+}
+
+/// The partitions to show: the config's when all of it resolves here, else
+/// those the records name (`{name}:partition-{i}`).
+fn partitions_of(path: &Path, records: &[LeaseRecord]) -> Vec<PartitionLine> {
+    if let Ok(config) = crate::config::Config::load(path) {
+        return (config.partitions.iter())
+            .map(|p| PartitionLine {
+                name: p.name.to_string(),
+                count: p.count,
+                balanced: p.balance,
+            })
+            .collect();
+    }
+    let mut counts: std::collections::BTreeMap<&str, u32> = Default::default();
+    for r in records {
+        if let Some((name, _)) = r.role.split_once(":partition-") {
+            *counts.entry(name).or_default() += 1;
+        }
+    }
+    (counts.into_iter())
+        .map(|(name, count)| PartitionLine {
+            name: name.to_string(),
+            count,
+            balanced: false,
+        })
+        .collect()
+}
+
 /// Per partition, how many of its roles each live holder has.
-fn print_spread(config: &crate::config::Config, records: &[LeaseRecord]) {
-    for p in &config.partitions {
+fn print_spread(partitions: &[PartitionLine], records: &[LeaseRecord]) {
+    for p in partitions {
         let prefix = format!("{}:partition-", p.name);
         let mut by_holder: std::collections::BTreeMap<&str, usize> = Default::default();
         for r in records.iter().filter(|r| r.role.starts_with(&prefix)) {
@@ -131,10 +275,10 @@ fn print_spread(config: &crate::config::Config, records: &[LeaseRecord]) {
         }
         let spread: Vec<String> = by_holder.iter().map(|(h, n)| format!("{h} {n}")).collect();
         println!(
-            "partition {} ({} roles{}): {}",
+            "partition {} ({}{}): {}",
             p.name,
-            p.count,
-            if p.balance { ", balanced" } else { "" },
+            count(u64::from(p.count), "role"),
+            if p.balanced { ", balanced" } else { "" },
             spread.join(", ")
         );
     }

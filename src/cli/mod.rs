@@ -51,6 +51,11 @@ pub(crate) enum Command {
         /// valid config itself (secrets become `${VAR}` references).
         #[arg(long)]
         print: bool,
+        /// Check the store instead, from the `store` section alone (only its
+        /// `${VAR}`s need be set): connect, check the schema and the grants,
+        /// report the round trip. Exit 1 when the store refuses.
+        #[arg(long, conflicts_with = "print")]
+        connect: bool,
     },
     /// Apply the store schema.
     Migrate,
@@ -160,7 +165,11 @@ pub fn main() -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
-    runtime.block_on(dispatch(args))
+    let code = runtime.block_on(dispatch(args));
+    // The command is done: nothing left may hold the exit (a pool's
+    // connections, a lookup on a blocking thread).
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    code
 }
 
 async fn dispatch(args: Cli) -> ExitCode {
@@ -173,7 +182,13 @@ async fn dispatch(args: Cli) -> ExitCode {
         Command::Run { events, workers } => {
             commands::run(config, events.as_deref(), workers.map(usize::from)).await
         }
-        Command::CheckConfig { print } => commands::check_config(config, print),
+        Command::CheckConfig { print, connect } => {
+            if connect {
+                commands::check_store(config).await
+            } else {
+                commands::check_config(config, print)
+            }
+        }
         Command::Migrate => commands::migrate(config).await,
         Command::Status { json } => commands::status(config, json).await,
         Command::Resolve {

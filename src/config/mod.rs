@@ -245,6 +245,36 @@ impl Config {
         })
     }
 
+    /// Reads only the `store` section of a config file: the other sections
+    /// must parse as YAML, but their `${VAR}`s need not be set. For the
+    /// commands that only talk to the store (`status`, `check-config
+    /// --connect`), from any machine that can reach it.
+    pub fn load_store(path: &Path) -> Result<StoreConfig, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: None,
+            key: String::new(),
+            message: format!("cannot read the file: {e}"),
+        })?;
+        let env = |name: &str| std::env::var(name).ok();
+        let raw = Self::parse_raw(&text, &file)?;
+        Resolver {
+            file: &file,
+            env: &env,
+            built: StoreKind::is_built,
+        }
+        .store(raw.store.as_ref())
+    }
+
+    fn parse_raw(text: &str, file: &str) -> Result<RawConfig, ConfigError> {
+        let options = serde_saphyr::Options {
+            with_snippet: false,
+            ..serde_saphyr::Options::default()
+        };
+        serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_error(text, file, &e))
+    }
+
     /// Parses YAML text; `file` names it in errors; `env` answers `${VAR}`.
     pub fn parse(
         text: &str,
@@ -261,14 +291,7 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         built: fn(StoreKind) -> bool,
     ) -> Result<Config, ConfigError> {
-        let options = serde_saphyr::Options {
-            with_snippet: false,
-            ..serde_saphyr::Options::default()
-        };
-        let raw: RawConfig = match serde_saphyr::from_str_with_options(text, options) {
-            Ok(raw) => raw,
-            Err(e) => return Err(yaml_error(text, file, &e)),
-        };
+        let raw = Self::parse_raw(text, file)?;
         Resolver { file, env, built }.resolve(raw)
     }
 

@@ -129,6 +129,14 @@ impl Resolver<'_> {
         let instance = self.instance(&raw.instance)?;
         let listen = self.socket(&raw.listen, "listen", "0.0.0.0:8080")?;
         let admin_listen = self.socket(&raw.admin_listen, "admin_listen", "127.0.0.1:9090")?;
+        if listeners_overlap(listen, admin_listen) {
+            let at = raw.admin_listen.as_ref().or(raw.listen.as_ref());
+            return Err(self.err(
+                at.map(|t| &t.referenced),
+                "admin_listen",
+                format!("{admin_listen} takes the same port as listen ({listen}); give the admin listener a port of its own"),
+            ));
+        }
         let upstream = raw
             .upstream
             .as_ref()
@@ -173,6 +181,14 @@ impl Resolver<'_> {
             peers,
         })
     }
+}
+
+/// Whether two listeners would bind the same port: the same address, or one
+/// of them on every address (port 0 picks a free port each time).
+fn listeners_overlap(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || a.ip().is_unspecified() || b.ip().is_unspecified())
 }
 
 /// A URL the gateway cannot use; it quotes the URL with secrets redacted.

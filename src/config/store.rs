@@ -37,6 +37,9 @@ impl Resolver<'_> {
                 }
             },
         };
+        if let Err(why) = check_scheme(kind, &url) {
+            return Err(self.err(raw.url.as_ref().map(|t| &t.referenced), "store.url", why));
+        }
         let table = match &raw.table {
             Some(t) => {
                 let s = self.text(t, "store.table")?;
@@ -156,4 +159,59 @@ impl Resolver<'_> {
         }
         Ok(kind)
     }
+}
+
+/// The URL schemes each store kind reads. A URL of another kind is refused
+/// here: PostgreSQL's client reads `mysql://` as its own, SQLite's fails
+/// only at run.
+fn check_scheme(kind: StoreKind, url: &str) -> Result<(), String> {
+    let (expected, example): (&[&str], &str) = match kind {
+        StoreKind::Memory => return Ok(()),
+        StoreKind::Sqlite => (&["sqlite:"], "sqlite://rolegate.db"),
+        StoreKind::Postgres => (
+            &["postgres://", "postgresql://"],
+            "postgres://USER@HOST:5432/DB",
+        ),
+        StoreKind::Redis => (
+            &["redis://", "rediss://", "redis+unix://", "unix://"],
+            "redis://HOST:6379",
+        ),
+        StoreKind::Etcd => {
+            // Endpoints, comma-separated: `http(s)://host:port` or `host:port`.
+            for endpoint in url.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                if let Some((scheme, _)) = endpoint.split_once("://") {
+                    if !["http", "https", "etcd"]
+                        .iter()
+                        .any(|s| s.eq_ignore_ascii_case(scheme))
+                    {
+                        return Err(format!(
+                            "`{scheme}://` is not an etcd endpoint; store.kind is etcd, so write http://HOST:2379 or https://HOST:2379 (comma-separated for several)"
+                        ));
+                    }
+                }
+            }
+            return Ok(());
+        }
+    };
+    let starts = |prefix: &str| {
+        url.get(..prefix.len())
+            .is_some_and(|head| head.eq_ignore_ascii_case(prefix))
+    };
+    if expected.iter().any(|p| starts(p)) {
+        return Ok(());
+    }
+    let given = match url.split_once("://") {
+        Some((scheme, _)) => format!("`{scheme}://`"),
+        None => "a URL without a scheme".into(),
+    };
+    Err(format!(
+        "{given} does not match store.kind {}; write {} (or change store.kind)",
+        kind.as_str(),
+        expected
+            .iter()
+            .map(|p| format!("`{p}`"))
+            .collect::<Vec<_>>()
+            .join(" or ")
+            + &format!(", e.g. {example}")
+    ))
 }

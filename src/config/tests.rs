@@ -483,3 +483,53 @@ fn printed_config_keeps_store_tls_settings() {
     let again = parse_any_store(&c.to_yaml()).expect("printed config reads back");
     assert_eq!(again.store, c.store);
 }
+
+#[test]
+fn a_store_url_of_another_kind_is_refused() {
+    for (kind, url) in [
+        ("postgres", "mysql://app@db/app"),
+        ("postgres", "redis://db:6379"),
+        ("sqlite", "postgres://app@db/app"),
+        ("redis", "postgres://app@db/app"),
+        ("etcd", "redis://10.0.0.1:2379"),
+        ("etcd", "http://10.0.0.1:2379,mysql://10.0.0.2:2379"),
+    ] {
+        let e = refused(&format!("store:\n  kind: {kind}\n  url: {url}\n"));
+        assert_eq!(
+            (e.key.as_str(), e.line),
+            ("store.url", Some(3)),
+            "{kind} {url}: {e}"
+        );
+        assert!(
+            e.message.contains(&format!("store.kind {kind}")) || kind == "etcd",
+            "{e}"
+        );
+    }
+    for (kind, url) in [
+        ("postgres", "postgres://app@db/app"),
+        ("postgres", "POSTGRESQL://app@db/app"),
+        ("sqlite", "sqlite://rolegate.db"),
+        ("sqlite", "sqlite::memory:"),
+        ("redis", "rediss://:pw@cache:6380"),
+        ("etcd", "10.0.0.1:2379,10.0.0.2:2379"),
+        ("etcd", "https://10.0.0.1:2379,https://10.0.0.2:2379"),
+    ] {
+        let c = parse(&format!("store:\n  kind: {kind}\n  url: '{url}'\n"));
+        assert!(c.is_ok(), "{kind} {url}: {c:?}");
+    }
+}
+
+#[test]
+fn listen_and_admin_listen_on_the_same_port_are_refused() {
+    for (listen, admin) in [
+        ("127.0.0.1:8080", "127.0.0.1:8080"),
+        ("0.0.0.0:8080", "127.0.0.1:8080"),
+        ("127.0.0.1:9090", "[::]:9090"),
+    ] {
+        let e = refused(&format!("listen: '{listen}'\nadmin_listen: '{admin}'\n"));
+        assert_eq!(e.key, "admin_listen", "{e}");
+        assert!(e.message.contains("same port"), "{e}");
+    }
+    assert!(parse("listen: 127.0.0.1:8080\nadmin_listen: 10.0.0.1:8080\n").is_ok());
+    assert!(parse("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n").is_ok());
+}

@@ -157,11 +157,11 @@ impl GatewayState {
         };
         let Some(target) = target else {
             // Remember a verified hop (its forwarding fields are trusted).
-            self.settings.take_hop(&mut req);
+            self.settings.take_hop(&mut req, Some(client));
             let (resp, outcome) = self.to_upstream(req, client, None).await;
             return finish(grpc, resp, outcome, None);
         };
-        let forwarded = self.settings.take_hop(&mut req);
+        let forwarded = self.settings.take_hop(&mut req, Some(client));
         // Decide on the headers the app will see.
         let trusted = self.settings.trusts(&req, Some(client));
         sanitize_headers(req.headers_mut(), trusted, &self.settings.upgrades);

@@ -62,6 +62,21 @@ pub(crate) enum GatewayError {
     Tls(#[from] crate::tls::TlsError),
 }
 
+impl GatewayError {
+    /// Whether the configuration is refused (exit 2, as `check-config`):
+    /// only an edit fixes it, so a service manager should stop restarting.
+    pub(crate) fn is_config(&self) -> bool {
+        match self {
+            GatewayError::Store(e) => e.is_config(),
+            GatewayError::NoUpstream
+            | GatewayError::NotRegistered(_)
+            | GatewayError::Coordinator(_)
+            | GatewayError::Tls(_) => true,
+            GatewayError::Listen { .. } | GatewayError::Client(_) => false,
+        }
+    }
+}
+
 /// The public listeners (one per worker), the bound public address, and the
 /// admin listener.
 async fn bind_all(
@@ -110,7 +125,7 @@ pub(crate) async fn run(
         bound,
         config.tls.is_some(),
     );
-    let coordinator = start_coordinator(&config, advertise.clone(), &events).await?;
+    let (coordinator, store) = start_coordinator(&config, advertise.clone(), &events).await?;
     let states = worker_states(&config, &coordinator, &events, workers)?;
     tracing::info!(
         instance = coordinator.instance_id(),
@@ -131,6 +146,7 @@ pub(crate) async fn run(
         admin,
         coordinator.clone(),
         metrics,
+        config.proxy.cluster_secret.is_some(),
         admin_shutdown,
     ));
     let workers = Workers::start(listeners, states, &tracker, limits, tls).map_err(|source| {
@@ -146,6 +162,7 @@ pub(crate) async fn run(
     admin_stop.fire();
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
+    store.close().await;
     Ok(())
 }
 
@@ -154,18 +171,21 @@ async fn start_coordinator(
     config: &Config,
     advertise: String,
     events: &Option<Arc<EventLog>>,
-) -> Result<Coordinator, GatewayError> {
-    let store = open_store(config).await?;
-    let mut builder = config.coordinator(store).advertise(advertise);
+) -> Result<(Coordinator, Arc<dyn LeaseStore>), GatewayError> {
+    let (store, failure) = open_store(config).await?;
+    let mut builder = config.coordinator(store.clone()).advertise(advertise);
     if let Some(log) = events {
         let log = log.clone();
         builder = builder.on_lease_event(move |e| log.lease(&e));
     }
     let coordinator = builder.start()?;
+    if let Some(failure) = failure {
+        coordinator.note_store_error(&failure);
+    }
     if let Some(log) = events {
         log.started(coordinator.instance_id());
     }
-    Ok(coordinator)
+    Ok((coordinator, store))
 }
 
 /// One state per worker: each has its own forwarder, so its upstream and
@@ -203,15 +223,37 @@ fn connection_limit(config: &Config) -> usize {
     let nofile = raise_nofile_limit();
     let max_connections = connection_cap(config.proxy.max_connections, nofile);
     if max_connections < config.proxy.max_connections {
-        tracing::warn!(
-            configured = config.proxy.max_connections,
-            open_files_limit = nofile,
-            using = max_connections,
-            "proxy.max_connections lowered to fit the open-files limit"
-        );
+        let configured = config.proxy.max_connections;
+        if lowering_needs_warning(configured, max_connections) {
+            tracing::warn!(
+                configured,
+                open_files_limit = nofile,
+                using = max_connections,
+                "proxy.max_connections lowered to fit a low open-files limit; raise the hard limit (LimitNOFILE=, ulimit -Hn)"
+            );
+        } else {
+            tracing::info!(
+                configured,
+                open_files_limit = nofile,
+                using = max_connections,
+                "proxy.max_connections lowered to fit the open-files limit"
+            );
+        }
     }
     max_connections
 }
+
+/// Fewer connections than the default is routine on most machines (the
+/// default asks for more descriptors than a usual hard limit gives); it is
+/// worth a WARN when an explicit `max_connections` cannot be had, or when
+/// the hard limit leaves fewer than [`FEW_CONNECTIONS`].
+fn lowering_needs_warning(configured: usize, using: usize) -> bool {
+    using < configured
+        && (configured != crate::proxy::defaults::MAX_CONNECTIONS || using < FEW_CONNECTIONS)
+}
+
+/// Below this many connections, a lowered limit is a WARN.
+const FEW_CONNECTIONS: usize = 1024;
 
 fn install_metrics() -> Option<PrometheusHandle> {
     match telemetry::install() {
@@ -238,33 +280,76 @@ fn install_metrics() -> Option<PrometheusHandle> {
 /// Opens the store. With `store.migrate`, the schema is applied; if the
 /// store does not answer at once, that keeps being retried in the
 /// background while the coordinator retries and readiness says 503.
-async fn open_store(config: &Config) -> Result<Arc<dyn LeaseStore>, StoreError> {
+/// The store, and the first call's failure (said in 503s until the
+/// coordinator has read the store).
+async fn open_store(config: &Config) -> Result<(Arc<dyn LeaseStore>, Option<String>), StoreError> {
     let store = crate::store::connect(&config.store).await?;
-    if !config.store.migrate {
-        return Ok(store);
+    // The first call, timed and logged at once either way: the operator sees
+    // the store answer (or why not) before the first heartbeat's retries.
+    // The bound leaves a pool's connect attempts time to name their cause.
+    let started = std::time::Instant::now();
+    let what = if config.store.migrate {
+        "applying the schema"
+    } else {
+        "reading the lease table"
+    };
+    let call = async {
+        if config.store.migrate {
+            store.migrate().await
+        } else {
+            store.snapshot(&[]).await.map(|_| ())
+        }
+    };
+    let first = tokio::time::timeout(FIRST_CALL_BOUND, call).await;
+    match &first {
+        Ok(Ok(())) => tracing::info!(
+            store = store.kind(),
+            round_trip_ms = started.elapsed().as_secs_f64() * 1000.0,
+            "lease store answered ({what})"
+        ),
+        Ok(Err(e)) => {
+            tracing::warn!(store = store.kind(), error = %e, "lease store call failed at start ({what}); failing closed and retrying")
+        }
+        Err(_) => tracing::warn!(
+            store = store.kind(),
+            "lease store did not answer within {} at start ({what}); failing closed and retrying",
+            humantime::format_duration(FIRST_CALL_BOUND)
+        ),
     }
-    let first = tokio::time::timeout(Duration::from_secs(3), store.migrate()).await;
-    if !matches!(first, Ok(Ok(()))) {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut delay = Duration::from_millis(200);
-            loop {
-                match store.migrate().await {
-                    Ok(()) => {
-                        tracing::info!("store schema applied");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "applying the store schema failed; retrying");
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(5));
-                    }
+    let failure = match first {
+        Ok(Ok(())) => return Ok((store, None)),
+        Ok(Err(e)) => format!("{what}: {e}"),
+        Err(_) => format!(
+            "{what}: no answer within {}",
+            humantime::format_duration(FIRST_CALL_BOUND)
+        ),
+    };
+    if !config.store.migrate {
+        return Ok((store, Some(failure)));
+    }
+    let migrating = store.clone();
+    tokio::spawn(async move {
+        let mut delay = Duration::from_millis(200);
+        loop {
+            match migrating.migrate().await {
+                Ok(()) => {
+                    tracing::info!("store schema applied");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "applying the store schema failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
                 }
             }
-        });
-    }
-    Ok(store)
+        }
+    });
+    Ok((store, Some(failure)))
 }
+
+/// How long start waits for the store's first answer (a pool's 3 s wait for
+/// a connection, then one direct attempt that names the cause).
+const FIRST_CALL_BOUND: Duration = Duration::from_millis(4500);
 
 /// Starts the health probe when `upstream.health` is set.
 fn start_health(config: &Config, coordinator: &Coordinator) -> Result<(), GatewayError> {
@@ -353,3 +438,20 @@ const HAND_ON_PAUSE: Duration = Duration::from_millis(500);
 /// How long a stopping gateway waits for the loop to release its roles
 /// (one store round trip) before it closes its listener anyway.
 const RELEASE_LIMIT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lowered_default_is_routine_and_a_lowered_explicit_limit_is_a_warning() {
+        let default = crate::proxy::defaults::MAX_CONNECTIONS;
+        // The default within a 20000 hard limit: routine.
+        assert!(!lowering_needs_warning(default, 6645));
+        // A low hard limit (1024 descriptors): few connections.
+        assert!(lowering_needs_warning(default, 320));
+        // An explicit value that cannot be had.
+        assert!(lowering_needs_warning(50_000, 6645));
+        assert!(!lowering_needs_warning(500, 500));
+    }
+}

@@ -346,6 +346,13 @@ impl Coordinator {
             .collect()
     }
 
+    /// Notes a store failure seen outside the coordinator (the gateway's
+    /// first call at start), said in answers until the store is read.
+    pub(crate) fn note_store_error(&self, error: &str) {
+        self.shared
+            .set_store_error(&crate::redact::redact_text(error), false);
+    }
+
     /// Every registered role name, partition roles included, in order.
     pub fn role_names(&self) -> &[RoleName] {
         self.shared.names()

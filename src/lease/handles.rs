@@ -145,6 +145,12 @@ impl RoleLease {
         self.shared.subscribe_published()
     }
 
+    /// `Some(the last store error, if any)` while this instance has not read
+    /// the lease store yet (no holder can be known).
+    pub fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        self.shared.store_unread()
+    }
+
     /// The current holder if known and unexpired (this instance included).
     pub fn current_holder(&self) -> Option<HolderInfo> {
         let snap = self.shared.snapshot();
@@ -196,6 +202,12 @@ impl RolePartition {
     /// Wakes on every snapshot the coordinator publishes.
     pub(crate) fn subscribe_published(&self) -> tokio::sync::watch::Receiver<u64> {
         self.shared.subscribe_published()
+    }
+
+    /// `Some(the last store error, if any)` while this instance has not read
+    /// the lease store yet (no holder can be known).
+    pub fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        self.shared.store_unread()
     }
 
     /// How many roles the partition has.

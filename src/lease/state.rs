@@ -106,6 +106,14 @@ pub(super) struct Registry {
     pub(super) partitions: HashMap<String, PartitionMeta>,
 }
 
+/// The last store failure, and the last one that named a cause (not a bare
+/// timeout).
+#[derive(Default)]
+struct StoreErrors {
+    latest: Option<Arc<str>>,
+    cause: Option<Arc<str>>,
+}
+
 /// The shared state of one coordinator.
 pub(super) struct LeaseState {
     instance: InstanceInfo,
@@ -126,6 +134,9 @@ pub(super) struct LeaseState {
     candidate: AtomicBool,
     /// Why this instance does not contend, when it was withdrawn with a reason.
     withdrawal: Mutex<Option<Arc<str>>>,
+    /// The last store failure, and the last one that named a cause (not a
+    /// bare timeout), for answers given before the first snapshot.
+    last_store_error: Mutex<StoreErrors>,
     stopping: AtomicBool,
     wake: Notify,
     published: watch::Sender<u64>,
@@ -186,6 +197,7 @@ impl LeaseState {
             draining: AtomicBool::new(false),
             candidate: AtomicBool::new(true),
             withdrawal: Mutex::new(None),
+            last_store_error: Mutex::new(StoreErrors::default()),
             stopping: AtomicBool::new(false),
             wake: Notify::new(),
             published: watch::channel(0).0,
@@ -345,6 +357,31 @@ impl LeaseState {
     }
 
     /// Why this instance does not contend, when it was withdrawn with a reason.
+    /// Notes a store failure; `timed_out` when it names no cause.
+    pub(crate) fn set_store_error(&self, error: &str, timed_out: bool) {
+        let mut last = lock(&self.last_store_error);
+        let error: Arc<str> = error.into();
+        if !timed_out {
+            last.cause = Some(error.clone());
+        }
+        last.latest = Some(error);
+    }
+
+    /// `Some(last store error, if any)` until a snapshot from the store is
+    /// published; `None` after. A bare timeout says the cause seen before it.
+    pub(super) fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        if self.snapshot().loaded {
+            return None;
+        }
+        let last = lock(&self.last_store_error);
+        Some(match (&last.latest, &last.cause) {
+            (Some(latest), Some(cause)) if !Arc::ptr_eq(latest, cause) => {
+                Some(format!("{latest}; before that: {cause}").into())
+            }
+            (latest, _) => latest.clone(),
+        })
+    }
+
     pub(super) fn withdrawal(&self) -> Option<Arc<str>> {
         if self.is_candidate() {
             return None;

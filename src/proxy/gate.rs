@@ -11,11 +11,29 @@ use http::{HeaderMap, Request, Response, Uri};
 use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext, HopProtocol};
 use super::headers::{HOP, REFUSED};
 use super::hold::{HeldSlot, Holds};
-use super::hop::HopSigner;
+use super::hop::{HopRefusal, HopSigner};
 use super::keys::{KeyError, KeyExtractor};
 use super::problem::{is_grpc, Problem, Reason};
 use super::trust::{is_trusted, Cidr};
 use crate::lease::{HeldLease, LocalWork, RoleLease, RolePartition};
+
+/// Counts a refused hop marker and warns at most once a minute (any client
+/// can send a bad marker, so the log must not grow with them).
+fn refused_hop(why: HopRefusal, client: Option<SocketAddr>) {
+    metrics::counter!(crate::telemetry::HOPS_REFUSED, "reason" => why.as_str()).increment(1);
+    let gate = crate::telemetry::request_warnings();
+    let every = std::time::Duration::from_secs(60);
+    if let Some(suppressed) = gate.admit("hop-refused", every, std::time::Instant::now()) {
+        let peer = client.map_or_else(|| "unknown".to_string(), |c| c.to_string());
+        tracing::warn!(
+            peer = %peer,
+            reason = why.as_str(),
+            suppressed,
+            "refused a hop marker from {peer} ({}); the request is served as a fresh one. Is proxy.cluster_secret the same on every gateway?",
+            why.as_str()
+        );
+    }
+}
 
 /// What a route is gated by.
 #[derive(Clone)]
@@ -50,6 +68,32 @@ impl GateTarget {
         match self {
             GateTarget::Role(lease) => lease.subscribe_published(),
             GateTarget::Partition { partition, .. } => partition.subscribe_published(),
+        }
+    }
+
+    fn store_unread(&self) -> Option<Option<Arc<str>>> {
+        match self {
+            GateTarget::Role(lease) => lease.store_unread(),
+            GateTarget::Partition { partition, .. } => partition.store_unread(),
+        }
+    }
+
+    /// Why no holder is known: the store not read yet (with its last
+    /// error), this instance withdrawn, or simply none live.
+    fn no_holder(&self, role: &str) -> String {
+        if let Some(last) = self.store_unread() {
+            let last = last
+                .as_deref()
+                .unwrap_or("none yet, the first call is under way");
+            return format!(
+                "this gateway has not read the lease store yet (last error: {last}); role `{role}` has no holder it knows of"
+            );
+        }
+        match self.withdrawal() {
+            Some(why) => format!(
+                "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
+            ),
+            None => format!("role `{role}` has no live holder right now"),
         }
     }
 
@@ -114,15 +158,7 @@ impl GateTarget {
         }
         match holder {
             Some(address) => Decision::Forward { address, role },
-            None => problem(
-                Reason::HolderUnknown,
-                match self.withdrawal() {
-                    Some(why) => format!(
-                        "role `{role}` has no live holder right now; this instance does not contend for it: {why}"
-                    ),
-                    None => format!("role `{role}` has no live holder right now"),
-                },
-            ),
+            None => problem(Reason::HolderUnknown, self.no_holder(&role)),
         }
     }
 }
@@ -304,7 +340,10 @@ impl GateSettings {
 
     /// Whether the request carries a hop marker that counts; a marker that
     /// does not verify is removed, and the request is treated as fresh.
-    pub fn take_hop(&self, req: &mut Request<Body>) -> bool {
+    /// A refused marker is counted and, at most once a minute, logged with
+    /// the peer (`client`): a `cluster_secret` that differs between gateways
+    /// shows here, not only as hops treated as fresh requests.
+    pub fn take_hop(&self, req: &mut Request<Body>, client: Option<SocketAddr>) -> bool {
         // Seen already by an outer layer of this process (the marker is gone).
         if req.extensions().get::<ForwardedHop>().is_some() {
             return true;
@@ -322,14 +361,17 @@ impl GateSettings {
             .path_and_query()
             .map(|p| p.as_str())
             .unwrap_or("/");
-        let ok = self.signer.verify(value, req.method().as_str(), path);
-        if ok {
-            let signed = self.signer.is_signed();
-            req.extensions_mut().insert(ForwardedHop { signed });
-        } else {
-            // Debug, not warn: any client can send a bad marker.
-            tracing::debug!("dropping a hop marker that does not verify (spoofed, or cluster_secret differs between gateways)");
-            req.headers_mut().remove(HOP);
+        let checked = self.signer.check(value, req.method().as_str(), path);
+        let ok = checked.is_ok();
+        match checked {
+            Ok(()) => {
+                let signed = self.signer.is_signed();
+                req.extensions_mut().insert(ForwardedHop { signed });
+            }
+            Err(why) => {
+                refused_hop(why, client);
+                req.headers_mut().remove(HOP);
+            }
         }
         ok || looped
     }

@@ -80,13 +80,21 @@ impl HopSigner {
     /// Whether a received marker counts as a real forwarded hop. Without a
     /// secret, any marker counts (so a spoof can only cause a 503).
     pub fn verify(&self, value: &HeaderValue, method: &str, path: &str) -> bool {
+        self.check(value, method, path).is_ok()
+    }
+
+    /// Like [`HopSigner::verify`], saying why a marker does not count.
+    pub fn check(&self, value: &HeaderValue, method: &str, path: &str) -> Result<(), HopRefusal> {
         let Some(key) = &self.key else {
-            return true;
+            return Ok(());
         };
         // UTF-8, not only visible ASCII: `marker` signs any origin.
         let Ok(text) = std::str::from_utf8(value.as_bytes()) else {
-            return false;
+            return Err(HopRefusal::BadSignature);
         };
+        if !text.contains(";sig=") {
+            return Err(HopRefusal::Unsigned);
+        }
         // `<origin>;t=<ts>;sig=<hex>`, read from the end: the origin may hold `;`.
         let mut parts = text.rsplitn(3, ';');
         let sig = parts
@@ -99,14 +107,37 @@ impl HopSigner {
             .and_then(|v| v.parse::<u64>().ok());
         let origin = parts.next().unwrap_or_default();
         let (Some(ts), Some(sig)) = (ts, sig) else {
-            return false;
+            return Err(HopRefusal::BadSignature);
         };
         if unix_now().abs_diff(ts) > SIGNATURE_WINDOW_SECS {
-            return false;
+            return Err(HopRefusal::Stale);
         }
         Self::mac(key, origin, method, path, ts)
             .verify_slice(&sig)
-            .is_ok()
+            .map_err(|_| HopRefusal::BadSignature)
+    }
+}
+
+/// Why a received hop marker does not count (the `reason` label of
+/// `rolegate_hops_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HopRefusal {
+    /// The signature does not match: another `cluster_secret`, or a forgery.
+    BadSignature,
+    /// No signature: the sender has no `cluster_secret`.
+    Unsigned,
+    /// Signed more than [`SIGNATURE_WINDOW_SECS`] from now: clocks apart.
+    Stale,
+}
+
+impl HopRefusal {
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HopRefusal::BadSignature => "bad-signature",
+            HopRefusal::Unsigned => "unsigned",
+            HopRefusal::Stale => "stale",
+        }
     }
 }
 

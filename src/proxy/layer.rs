@@ -26,6 +26,58 @@ use super::term_body::TermBody;
 use super::trust::Cidr;
 use crate::lease::{Coordinator, HeldLease};
 
+/// Why a layer could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LayerError {
+    /// The role is not registered with the coordinator (a typo, or a
+    /// registration missing from the builder).
+    #[error(
+        "role `{role}` is not registered with this coordinator; registered roles: {}",
+        list(registered)
+    )]
+    UnknownRole {
+        /// The role asked for.
+        role: String,
+        /// The roles the coordinator knows (partition roles left out).
+        registered: Vec<String>,
+    },
+    /// The partition is not registered with the coordinator.
+    #[error("partition `{partition}` is not registered with this coordinator; registered partitions: {}", list(registered))]
+    UnknownPartition {
+        /// The partition asked for.
+        partition: String,
+        /// The partitions the coordinator knows.
+        registered: Vec<String>,
+    },
+}
+
+fn list(names: &[String]) -> String {
+    if names.is_empty() {
+        return "(none)".into();
+    }
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The registered roles that are not roles of a partition.
+fn plain_roles(coordinator: &Coordinator) -> Vec<String> {
+    let partitions = coordinator.partitions();
+    coordinator
+        .role_names()
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| {
+            !partitions
+                .iter()
+                .any(|p| (p.first_index()..p.first_index() + p.count() as usize).contains(i))
+        })
+        .map(|(_, name)| name.to_string())
+        .collect()
+}
+
 /// Options shared by both layers.
 #[derive(Clone)]
 pub struct LayerOptions {
@@ -152,13 +204,35 @@ pub struct RoleHolderLayer {
 }
 
 impl RoleHolderLayer {
-    /// Gates every request (or only `prefixes`) on `role`.
-    pub fn new(coordinator: &Coordinator, role: &str, options: LayerOptions) -> Self {
+    /// Gates every request (or only `prefixes`) on `role`. A role the
+    /// coordinator does not know is an error, never an open gate: a typo
+    /// must not let every request through.
+    pub fn new(
+        coordinator: &Coordinator,
+        role: &str,
+        options: LayerOptions,
+    ) -> Result<Self, LayerError> {
+        let Some(lease) = coordinator.role(role) else {
+            return Err(LayerError::UnknownRole {
+                role: role.into(),
+                registered: plain_roles(coordinator),
+            });
+        };
+        Ok(Self {
+            gate: Gate::new(coordinator, Some(GateTarget::Role(lease)), options),
+        })
+    }
+
+    /// Like [`RoleHolderLayer::new`], but a role the coordinator does not
+    /// know installs a layer that gates nothing (passes every request to the
+    /// inner service). Only for a single-instance development setup that
+    /// registers no roles on purpose.
+    pub fn if_registered(coordinator: &Coordinator, role: &str, options: LayerOptions) -> Self {
         let target = coordinator.role(role).map(GateTarget::Role);
         if target.is_none() {
-            tracing::warn!(
+            tracing::info!(
                 role,
-                "RoleHolderLayer for an unregistered role installs nothing"
+                "RoleHolderLayer::if_registered: role not registered; gating nothing"
             );
         }
         Self {
@@ -181,8 +255,31 @@ pub struct PartitionHolderLayer {
 }
 
 impl PartitionHolderLayer {
-    /// Gates requests on `partition`; `key` finds each request's key.
+    /// Gates requests on `partition`; `key` finds each request's key. A
+    /// partition the coordinator does not know is an error, never an open gate.
     pub fn new(
+        coordinator: &Coordinator,
+        partition: &str,
+        key: KeyExtractor,
+        options: LayerOptions,
+    ) -> Result<Self, LayerError> {
+        match Self::if_registered(coordinator, partition, key, options) {
+            layer if layer.gate.target.is_some() => Ok(layer),
+            _ => Err(LayerError::UnknownPartition {
+                partition: partition.into(),
+                registered: coordinator
+                    .partitions()
+                    .iter()
+                    .map(|p| p.name().to_string())
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Like [`PartitionHolderLayer::new`], but a partition the coordinator
+    /// does not know installs a layer that gates nothing. Only for a
+    /// single-instance development setup.
+    pub fn if_registered(
         coordinator: &Coordinator,
         partition: &str,
         key: KeyExtractor,
@@ -196,9 +293,9 @@ impl PartitionHolderLayer {
                 key,
             });
         if target.is_none() {
-            tracing::warn!(
+            tracing::info!(
                 partition,
-                "PartitionHolderLayer for an unregistered partition installs nothing"
+                "PartitionHolderLayer::if_registered: partition not registered; gating nothing"
             );
         }
         Self {
@@ -283,7 +380,8 @@ where
                     // Not gated here: remember a verified hop for inner layers,
                     // then strip, since only rolegate sets X-Rolegate-* for the
                     // app; an upgrade the gate does not allow (h2c) is removed.
-                    gate.settings.take_hop(&mut req);
+                    let client = connect_info(&req);
+                    gate.settings.take_hop(&mut req, client);
                     strip_rolegate(req.headers_mut());
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     let ask = UpgradeAsk::of(req.headers());
@@ -291,13 +389,10 @@ where
                     return answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate));
                 }
             };
-            let forwarded = gate.settings.take_hop(&mut req);
+            let client = connect_info(&req);
+            let forwarded = gate.settings.take_hop(&mut req, client);
             // Decide on the headers the inner service will see.
             super::forward::sanitize_headers(req.headers_mut(), true, &gate.settings.upgrades);
-            let client = req
-                .extensions()
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|c| c.0);
             match gate.settings.settle(target, req, client, forwarded).await {
                 Settled::Local(mut req, lease, work) => {
                     strip_rolegate(req.headers_mut());
@@ -337,6 +432,13 @@ where
             }
         })
     }
+}
+
+/// The peer's address, when the app serves with `ConnectInfo`.
+fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
 }
 
 /// An in-process app's 101 passes only when it completes the upgrade the

@@ -24,6 +24,6 @@ pub(crate) use affine::Affinity;
 pub use forward::{ForwardError, Forwarder, HopProtocol};
 pub use gate::{failure_problem, NextHop, Settled};
 pub use keys::{KeyExtractor, KeySource};
-pub use layer::{HolderService, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
+pub use layer::{HolderService, LayerError, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};
 pub use trust::Cidr;

@@ -54,6 +54,12 @@ pub enum StoreError {
         #[source]
         source: BoxError,
     },
+    /// The store's user lacks privileges a gateway needs.
+    #[error("the store user lacks privileges a gateway needs: {missing}; grant them or connect as a user that has them")]
+    Privileges {
+        /// What is missing, e.g. `rolegate_role_leases: UPDATE`.
+        missing: String,
+    },
     /// The store configuration (URL, endpoints) is unusable.
     #[error("bad store configuration: {field}: {}", Chain(&**.source))]
     Config {
@@ -108,6 +114,15 @@ impl StoreError {
     /// once it has been applied).
     pub fn is_schema(&self) -> bool {
         matches!(self, StoreError::Schema { .. })
+    }
+
+    /// Whether the configuration itself is refused (fixing it needs an
+    /// edit, not a retry): a bad URL, file, table name, or a kind not built.
+    pub fn is_config(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Config { .. } | StoreError::BadTableName(_) | StoreError::NotBuilt(_)
+        )
     }
 }
 

@@ -189,6 +189,20 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Removes this instance's presence record (graceful stop), so the others
     /// rebalance at once instead of at its expiry.
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Checks, changing nothing, that a gateway could run against the store
+    /// as it is: the schema is applied and readable, and (where the store
+    /// keeps grants) this user may write it. `rolegate check-config
+    /// --connect` reports it. The default reads every record.
+    fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { self.snapshot(&[]).await.map(|_| ()) })
+    }
+
+    /// Called once after the last call (the gateway's clean stop): a store
+    /// that owns its connections may flush and close them. Default: nothing.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// Opens the store a config names, applying the schema when
@@ -237,6 +251,17 @@ pub async fn connect(config: &StoreConfig) -> Result<Arc<dyn LeaseStore>, StoreE
         #[cfg(not(feature = "etcd"))]
         StoreKind::Etcd => return Err(StoreError::NotBuilt("etcd")),
     })
+}
+
+/// Checks what opening the store would read from this machine's disk, without
+/// opening it: the TLS files, and the directory of a SQLite database.
+pub fn check_files(config: &StoreConfig) -> Result<(), StoreError> {
+    check_tls_files(config)?;
+    #[cfg(feature = "sqlite")]
+    if config.kind == StoreKind::Sqlite {
+        sqlite::check_directory(&config.url)?;
+    }
+    Ok(())
 }
 
 /// Milliseconds, rounded up (a store term is never shorter than asked),

@@ -233,6 +233,34 @@ impl LeaseStore for PostgresStore {
         .boxed()
     }
 
+    fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        async move {
+            self.snapshot(&[]).await?;
+            // What a gateway needs (see deploy/postgres/grants.sql): no
+            // DELETE on the lease table, whose rows are never deleted.
+            // `has_table_privilege` with a list answers "any of them": ask
+            // one by one.
+            let table = &self.channel;
+            let sql = format!(
+                "SELECT t || ': ' || p FROM (VALUES \
+                 ('{table}', 'SELECT'), ('{table}', 'INSERT'), ('{table}', 'UPDATE'), \
+                 ('{table}_members', 'SELECT'), ('{table}_members', 'INSERT'), \
+                 ('{table}_members', 'UPDATE'), ('{table}_members', 'DELETE')) AS need(t, p) \
+                 WHERE NOT has_table_privilege(t, p)"
+            );
+            let query = sqlx::query_scalar::<_, String>(&sql).fetch_all(&self.pool);
+            let missing = self.run("check_access", query).await?;
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(StoreError::Privileges {
+                    missing: missing.join(", "),
+                })
+            }
+        }
+        .boxed()
+    }
+
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
             let mut listener = self

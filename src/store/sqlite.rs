@@ -76,6 +76,7 @@ impl SqliteStore {
     /// name or URL.
     pub async fn connect(url: &str, table: &str) -> Result<Self, StoreError> {
         check_table_name(table)?;
+        check_directory(url)?;
         let options = SqliteConnectOptions::from_str(url)
             .map_err(|e| StoreError::config("store.url", e))?
             .create_if_missing(true)
@@ -102,6 +103,28 @@ impl SqliteStore {
 
     fn error(&self, op: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError + '_ {
         move |e| self.target.error(op, e)
+    }
+}
+
+/// Refuses a database file whose directory does not exist, in words: SQLite
+/// itself only says "(code: 14) unable to open database file".
+pub(crate) fn check_directory(url: &str) -> Result<(), StoreError> {
+    let options =
+        SqliteConnectOptions::from_str(url).map_err(|e| StoreError::config("store.url", e))?;
+    let file = options.get_filename();
+    if file.as_os_str() == ":memory:" {
+        return Ok(());
+    }
+    match file.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => Err(StoreError::config(
+            "store.url",
+            format!(
+                "the directory `{}` of the SQLite database `{}` does not exist; create it or change store.url",
+                dir.display(),
+                file.display()
+            ),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -159,6 +182,19 @@ impl SqliteStore {
 impl LeaseStore for SqliteStore {
     fn kind(&self) -> &'static str {
         "sqlite"
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        async move {
+            // Fold the WAL into the database and close every connection:
+            // the last close removes the -wal and -shm files.
+            let checkpoint = sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)").execute(&self.pool);
+            if let Err(e) = checkpoint.await {
+                tracing::debug!(error = %e, "SQLite checkpoint at stop failed");
+            }
+            self.pool.close().await;
+        }
+        .boxed()
     }
 
     fn migrate(&self) -> BoxFuture<'_, Result<(), StoreError>> {

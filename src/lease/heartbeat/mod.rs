@@ -181,6 +181,10 @@ impl HeartbeatLoop {
             .fetch_add(1, Ordering::Relaxed);
         metrics::counter!(telemetry::STORE_ERRORS, "op" => what).increment(1);
         self.store_ok = false;
+        self.shared.set_store_error(
+            &crate::redact::redact_text(&format!("{what}: {error}")),
+            error == "timed out",
+        );
         // One warning per second at most while the store is down, saying how
         // many were held back.
         let every = Duration::from_secs(1);
