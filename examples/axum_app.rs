@@ -37,7 +37,8 @@ async fn main() -> anyhow::Result<()> {
 
     let store = SqliteStore::connect(&db, "rolegate_role_leases").await?;
     store.migrate().await?;
-    let coordinator = CoordinatorBuilder::new(Arc::new(store))
+    let store: Arc<dyn LeaseStore> = Arc::new(store);
+    let coordinator = CoordinatorBuilder::new(store.clone())
         .instance_name("axum-example")
         .advertise(format!("http://127.0.0.1:{port}"))
         .role("reports", LeaseTimings::default())
@@ -100,6 +101,8 @@ async fn main() -> anyhow::Result<()> {
     stop.notify_one();
     coordinator.shutdown().await;
     server.await??;
+    // SQLite: checkpoint and close, so no -wal/-shm file is left behind.
+    store.close().await;
     Ok(())
 }
 

@@ -611,7 +611,8 @@ def render(res, args):
             held_ok = all(r["held_by_first"] == r["roles"] for r in rows)
             if not held_ok:
                 w("Note: at the end of some windows the first gateway did not hold every role: %s." % ", ".join(
-                    "%d roles: first holds %d, others %d" % (r["roles"], r["held_by_first"], r["held_elsewhere"])
+                    "%d role%s: first holds %d, others %d" % (r["roles"], "" if r["roles"] == 1 else "s",
+                                                             r["held_by_first"], r["held_elsewhere"])
                     for r in rows))
                 w("")
             vals = [r["mean_rt_per_tick"] for r in rows if r["mean_rt_per_tick"] is not None]

@@ -522,33 +522,18 @@ impl GateSettings {
     /// Forwards one hop to the holder's gateway; failures become 503s.
     pub async fn forward_to_holder(
         &self,
-        mut req: Request<Body>,
+        req: Request<Body>,
         client: Option<SocketAddr>,
         address: &str,
         role: Arc<str>,
         partition: Option<Arc<str>>,
     ) -> (Response<Body>, Outcome) {
-        let trusted = self.trusts(&req, client);
-        prepare_headers(&mut req, self.hop_context(trusted, client, true));
-        let path = req
-            .uri()
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .to_owned();
-        if let Some(marker) = self
-            .signer
-            .marker(&self.instance_id, req.method().as_str(), &path)
-        {
-            req.headers_mut().insert(HOP, marker);
-        }
-        let protocol = if is_grpc(req.headers()) {
-            HopProtocol::Http2
-        } else {
-            self.peer_protocol
-        };
-        match self.forwarder.proxy_to_peer(req, address, protocol).await {
-            Ok(resp) => (resp, Outcome::Forwarded),
+        match self.forward_raw(req, client, address).await {
+            Ok(mut resp) => {
+                // Holding is off: a refusal is answered as it came, unmarked.
+                resp.headers_mut().remove(REFUSED);
+                (resp, Outcome::Forwarded)
+            }
             Err(e) => {
                 let hop = NextHop::Holder {
                     role: &role,
