@@ -552,12 +552,16 @@ async fn peer_and_upstream_connections_are_reused_across_sequential_requests() {
     let peer = accepts.load(std::sync::atomic::Ordering::SeqCst);
     let upstream = apps[0].accepts() - app_accepts_before;
     eprintln!("100 forwarded requests: {peer} peer connections, {upstream} upstream connections");
+    // Each client connection owns its peer and upstream connections, and
+    // the test's pooled client may open a second or, rarely, a third (a
+    // request sent before the last one's connection was back in its pool):
+    // one per request would be 100.
     assert!(
-        peer <= 2,
+        peer <= 3,
         "expected pooled peer connections, saw {peer} accepts for 100 requests"
     );
     assert!(
-        upstream <= 2,
+        upstream <= 3,
         "expected pooled upstream connections, saw {upstream}"
     );
 }
