@@ -534,3 +534,26 @@ async fn a_rolling_restart_of_three_gateways_on_etcd_fails_no_request() {
     ))
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apps_503_that_looks_like_a_hop_refusal_is_not_sent_again() {
+    // Without a cluster secret the refusal is not signed: only the holder's
+    // gateway may set it, never its app.
+    let (apps, gws) = pair("hold_forged_refusal", "  hold_timeout: 2s\n").await;
+    let (status, headers, _) =
+        cluster::get(&format!("{}/maintenance/forged-refusal", gws[1].url()))
+            .await
+            .unwrap();
+    assert_eq!(status, 503);
+    assert!(!headers.contains_key("x-rolegate-refused"), "{headers:?}");
+    let ran: usize = apps
+        .iter()
+        .map(|a| {
+            a.executed_paths()
+                .iter()
+                .filter(|p| p.ends_with("/forged-refusal"))
+                .count()
+        })
+        .sum();
+    assert_eq!(ran, 1, "the request ran {ran} times");
+}

@@ -17,7 +17,7 @@ use crate::lease::Coordinator;
 use crate::lease::LocalWork;
 use crate::proxy::forward::{prepare_headers, sanitize_headers, ArrivedOverTls, TunnelWork};
 use crate::proxy::gate::{GateSettings, GateTarget, Outcome};
-use crate::proxy::headers::{carries_hop_marker, ROLE, TOKEN};
+use crate::proxy::headers::{carries_hop_marker, REFUSED, ROLE, TOKEN};
 use crate::proxy::hold::Holds;
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc, Problem, Reason};
@@ -259,7 +259,13 @@ impl GatewayState {
             .forward_upstream
             .record(started.elapsed().as_secs_f64());
         match answer {
-            Ok(resp) => (resp, outcome),
+            Ok(mut resp) => {
+                // Only a gateway refuses a hop: an app's answer carrying the
+                // refusal field would make the forwarding gateway send the
+                // request again, after this app ran it.
+                resp.headers_mut().remove(REFUSED);
+                (resp, outcome)
+            }
             Err(e) => {
                 let hop = NextHop::App {
                     upstream: &self.upstream,

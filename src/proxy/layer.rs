@@ -386,7 +386,7 @@ where
                     strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
                     let ask = UpgradeAsk::of(req.headers());
                     let answer = inner.call(req).await;
-                    return answer.map(|resp| checked_switch(resp, ask.as_ref(), &gate));
+                    return answer.map(|resp| app_answer(resp, ask.as_ref(), &gate));
                 }
             };
             let client = connect_info(&req);
@@ -421,7 +421,7 @@ where
                         }
                     };
                     answer.map(|resp| {
-                        let resp = checked_switch(resp, ask.as_ref(), &gate);
+                        let resp = app_answer(resp, ask.as_ref(), &gate);
                         if http_body::Body::is_end_stream(resp.body()) {
                             return resp;
                         }
@@ -441,10 +441,14 @@ fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
         .map(|c| c.0)
 }
 
-/// An in-process app's 101 passes only when it completes the upgrade the
-/// request asked for, as the gateway requires of an app behind it; any other
-/// is answered 502 `upstream-bad-upgrade` (hyper then switches nothing).
-fn checked_switch(resp: Response<Body>, ask: Option<&UpgradeAsk>, gate: &Gate) -> Response<Body> {
+/// What the in-process app answered, passed on as the gateway passes on an
+/// app's answer: the hop-refusal field is removed (only a gateway refuses a
+/// hop; from an app it would make the forwarding gateway send the request
+/// again after it ran here), and a 101 passes only when it completes the
+/// upgrade the request asked for; any other is answered 502
+/// `upstream-bad-upgrade` (hyper then switches nothing).
+fn app_answer(mut resp: Response<Body>, ask: Option<&UpgradeAsk>, gate: &Gate) -> Response<Body> {
+    resp.headers_mut().remove(super::headers::REFUSED);
     if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
         return resp;
     }

@@ -202,6 +202,15 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
             .body(Body::empty())
             .unwrap();
     }
+    if path.ends_with("/forged-refusal") {
+        // A 503 carrying the field only a gateway's hop refusal carries.
+        return Response::builder()
+            .status(503)
+            .header("x-rolegate-refused", "forged")
+            .header("x-app", n.to_string())
+            .body(Body::from("busy"))
+            .unwrap();
+    }
     if path == "/status/304" {
         return Response::builder()
             .status(304)
