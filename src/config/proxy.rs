@@ -10,6 +10,9 @@ use crate::proxy::defaults as d;
 use crate::proxy::trust::CidrError;
 use crate::proxy::Cidr;
 
+/// The longest `proxy.hold_timeout` accepted.
+const MAX_HOLD: Duration = Duration::from_secs(3600);
+
 impl Resolver<'_> {
     pub(super) fn proxy(&self, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
         let connect_timeout = self.positive(
@@ -47,6 +50,13 @@ impl Resolver<'_> {
         };
         let hold_timeout =
             self.duration(&raw.hold_timeout, "proxy.hold_timeout", d::HOLD_TIMEOUT)?;
+        if hold_timeout > MAX_HOLD {
+            return Err(self.err(
+                raw.hold_timeout.as_ref().map(|t| &t.referenced),
+                "proxy.hold_timeout",
+                "must be at most 1h: a request held longer has long been given up by its client",
+            ));
+        }
         let max_held = match &raw.max_held {
             None => max_connections,
             Some(m) if m.value > 1_000_000 => {

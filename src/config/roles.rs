@@ -89,6 +89,13 @@ impl Resolver<'_> {
                 &format!("partitions[{i}].handover_drain"),
                 timings.renew_interval,
             )?;
+            if handover_drain > std::time::Duration::from_secs(3600) {
+                return Err(self.err(
+                    p.handover_drain.as_ref().map(|t| &t.referenced),
+                    &format!("partitions[{i}].handover_drain"),
+                    "must be at most 1h (the moving role has no admitting holder meanwhile)",
+                ));
+            }
             partitions.push(PartitionConfig {
                 name,
                 count,

@@ -533,3 +533,15 @@ fn listen_and_admin_listen_on_the_same_port_are_refused() {
     assert!(parse("listen: 127.0.0.1:8080\nadmin_listen: 10.0.0.1:8080\n").is_ok());
     assert!(parse("listen: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n").is_ok());
 }
+
+#[test]
+fn hold_timeout_and_handover_drain_are_bounded() {
+    assert_eq!(
+        refused("proxy:\n  hold_timeout: 2h\n").key,
+        "proxy.hold_timeout"
+    );
+    assert_eq!(
+        refused("partitions:\n  - name: p\n    count: 2\n    handover_drain: 2h\n").key,
+        "partitions[0].handover_drain"
+    );
+}

@@ -32,7 +32,9 @@ pub(crate) async fn watch_health(
             .increment(1);
         if ok {
             failures = 0;
-            if !coordinator.is_candidate() {
+            // A stopping instance withdrew for good: a healthy app must not
+            // make it contend again while it hands its roles on.
+            if !coordinator.is_candidate() && !coordinator.is_draining() {
                 tracing::info!(url = %shown, "upstream healthy again; contending for roles");
                 coordinator.set_candidate(true);
             }

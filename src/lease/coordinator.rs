@@ -389,7 +389,7 @@ impl Coordinator {
     /// says why. Call it after [`CoordinatorBuilder::start`] before acting.
     pub async fn ready(&self, limit: Duration) -> Result<(), NotReady> {
         let mut published = self.subscribe_published();
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = super::deadline_after(limit);
         loop {
             if self.readiness().is_ok() {
                 return Ok(());
@@ -493,7 +493,7 @@ impl Coordinator {
     /// no role any more (the loop released them), or `limit` passes.
     pub(crate) async fn wait_released(&self, limit: Duration) {
         let mut published = self.shared.subscribe_published();
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = super::deadline_after(limit);
         loop {
             published.borrow_and_update();
             let held = {

@@ -25,6 +25,7 @@ pub use handles::TermWatch;
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
 pub use snapshot::{HolderSnapshot, RoleState};
+pub(crate) use state::deadline_after;
 pub use state::LeaseEvent;
 pub use term::TermEndReason;
 pub use timings::{LeaseTimings, TimingsError, MAX_DURATION};

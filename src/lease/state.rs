@@ -284,7 +284,7 @@ impl LeaseState {
     /// Waits until no local work runs under any of `roles`, or `limit`
     /// passes; true when none runs.
     pub(super) async fn wait_idle(&self, roles: &[usize], limit: Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + limit;
+        let deadline = deadline_after(limit);
         loop {
             let notified = self.idle.notified();
             tokio::pin!(notified);
@@ -442,4 +442,12 @@ impl LeaseState {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `limit` from now, saturating: a huge configured bound waits "forever"
+/// (a century) instead of overflowing the clock.
+pub(crate) fn deadline_after(limit: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(limit)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400))
 }

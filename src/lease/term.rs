@@ -93,12 +93,15 @@ impl Terms {
     /// its term ended stops at once.
     pub(super) fn signals(&self, i: usize, token: u64, ending: bool) -> TermSignals {
         let mut slot = self.slot(i);
-        if token <= slot.ended_through {
+        // An ended term, or one older than the slot's (work admitted from a
+        // snapshot taken just before a newer term was published): its work
+        // stops at once, and the newer term's signals are left alone.
+        if token <= slot.ended_through || token < slot.token {
             let s = TermSignals::default();
             s.end(TermEndReason::Lost);
             return s;
         }
-        if slot.token != token || slot.signals.is_none() {
+        if token > slot.token || slot.signals.is_none() {
             if let Some(old) = slot.signals.take() {
                 old.end(TermEndReason::Lost);
             }
@@ -137,5 +140,31 @@ impl Terms {
                 s.end(reason);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_of_an_older_term_never_ends_the_newer_terms_work() {
+        let terms = Terms::new(1);
+        let newer = terms.signals(0, 7, false);
+        let older = terms.signals(0, 6, false);
+        assert!(older.over.is_cancelled(), "the older term's work stops");
+        assert!(!newer.over.is_cancelled(), "the newer term's work goes on");
+        assert!(!terms.signals(0, 7, false).over.is_cancelled());
+        terms.end(0, 7, TermEndReason::Handover);
+        assert!(newer.over.is_cancelled());
+        assert_eq!(newer.reason.get(), Some(&TermEndReason::Handover));
+        assert!(
+            terms.signals(0, 7, false).over.is_cancelled(),
+            "ended stays ended"
+        );
+        assert!(
+            !terms.signals(0, 8, false).over.is_cancelled(),
+            "a new term starts fresh"
+        );
     }
 }

@@ -287,9 +287,12 @@ pub fn readings(path: &str) -> Result<Vec<Vec<u8>>, BadPath> {
 pub fn match_readings(path: &str, fold_case: bool) -> Result<Vec<Vec<u8>>, BadPath> {
     let mut out = readings(path)?;
     if fold_case && out.iter().any(|r| !r.is_ascii()) {
+        // Deduplicated by hash, as in `readings`: a long path must not cost
+        // a comparison of every pair of readings.
+        let mut seen: std::collections::HashSet<Vec<u8>> = out.iter().cloned().collect();
         let folded: Vec<Vec<u8>> = out.iter().filter_map(|r| fold_reading(r)).collect();
         for f in folded {
-            if !out.contains(&f) {
+            if seen.insert(f.clone()) {
                 out.push(f);
             }
         }
@@ -304,7 +307,7 @@ pub(crate) fn fold_reading(reading: &[u8]) -> Option<Vec<u8>> {
     let mut changed = false;
     for chunk in reading.utf8_chunks() {
         for c in chunk.valid().chars() {
-            match fold_to_ascii(c) {
+            match FOLDS.get_or_init(fold_table).get(&c) {
                 Some(ascii) => {
                     out.extend_from_slice(ascii.as_bytes());
                     changed = true;
@@ -320,6 +323,25 @@ pub(crate) fn fold_reading(reading: &[u8]) -> Option<Vec<u8>> {
     changed.then_some(out)
 }
 
+/// Every character [`fold_to_ascii`] maps, with its ASCII text: about a
+/// hundred, found once by walking every scalar value, so a request's path is
+/// folded by look-ups, not by case mappings per character.
+static FOLDS: std::sync::OnceLock<std::collections::HashMap<char, String>> =
+    std::sync::OnceLock::new();
+
+fn fold_table() -> std::collections::HashMap<char, String> {
+    (0x80..=0x10FFFFu32)
+        .filter_map(char::from_u32)
+        .filter_map(|c| Some((c, fold_to_ascii(c)?)))
+        .collect()
+}
+
+/// Builds the fold table now (a route table that folds case does, so the
+/// first request does not pay for it).
+pub(crate) fn prepare_folds() {
+    FOLDS.get_or_init(fold_table);
+}
+
 /// The ASCII letters a non-ASCII character folds to under some router's
 /// case rules, lowercased: the first of its lowercase, uppercase,
 /// lowercase-of-uppercase and uppercase-of-lowercase mappings (together a
@@ -331,7 +353,7 @@ pub(crate) fn fold_reading(reading: &[u8]) -> Option<Vec<u8>> {
 /// Unicode tables the standard library ships, so it follows Rust's Unicode
 /// version.
 pub fn fold_to_ascii(c: char) -> Option<String> {
-    if c.is_ascii() {
+    if c.is_ascii() || !c.is_alphabetic() {
         return None;
     }
     let lower: String = c.to_lowercase().collect();

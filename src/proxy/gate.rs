@@ -563,7 +563,7 @@ impl GateSettings {
         // Subscribed only once a hold is needed (then decided again at once,
         // so no change between the first look and the subscription is lost).
         let mut views: Option<tokio::sync::watch::Receiver<u64>> = None;
-        let deadline = tokio::time::Instant::now() + self.holds.timeout;
+        let deadline = crate::lease::deadline_after(self.holds.timeout);
         loop {
             if let Some(v) = views.as_mut() {
                 // Seen before deciding: a change after this wakes the hold below.

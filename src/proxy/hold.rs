@@ -106,10 +106,13 @@ pub(crate) struct ReclaimHandle(Arc<Shared>);
 impl ReclaimHandle {
     /// The body back, if no byte of it can have been sent.
     pub(crate) fn take_back(&self) -> Option<Body> {
+        // Under the lock the body's poller takes it by, so the two never both
+        // get it.
+        let mut body = self.0.body.lock().unwrap_or_else(|p| p.into_inner());
         if self.0.taken.load(Ordering::Acquire) {
             return None;
         }
-        self.0.body.lock().unwrap_or_else(|p| p.into_inner()).take()
+        body.take()
     }
 
     /// Whether the body was polled (some of it may have been sent).
@@ -186,16 +189,20 @@ impl http_body::Body for Reclaim {
                     return Poll::Pending;
                 }
             }
-            this.shared.taken.store(true, Ordering::Release);
-            let body = this
-                .shared
-                .body
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .take();
+            let body = {
+                let mut slot = this.shared.body.lock().unwrap_or_else(|p| p.into_inner());
+                this.shared.taken.store(true, Ordering::Release);
+                slot.take()
+            };
             match body {
                 Some(b) => this.body = Some(b),
-                None => return Poll::Ready(None),
+                // Taken back for another holder: this send must not look
+                // complete.
+                None => {
+                    return Poll::Ready(Some(Err(axum::Error::new(std::io::Error::other(
+                        "the request body went to another holder",
+                    )))))
+                }
             }
         }
         match this.body.as_mut() {

@@ -109,6 +109,9 @@ impl<T> Default for RouteTable<T> {
 impl<T> RouteTable<T> {
     /// An empty table; `fold_case` ignores ASCII case when matching.
     pub fn new(fold_case: bool) -> Self {
+        if fold_case {
+            canonical::prepare_folds();
+        }
         Self {
             entries: Vec::new(),
             targets: Vec::new(),

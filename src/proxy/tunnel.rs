@@ -15,7 +15,8 @@ use crate::lease::LocalWork;
 /// A server's WebSocket close frame: code 1012, reason "service restart".
 const CLOSE_1012: &[u8] = b"\x88\x11\x03\xf4service restart";
 
-/// How long the app's frame in flight may take to finish once the term is over.
+/// How long the app's frame in flight, the close frame and the shutdown may
+/// take once the term is over.
 const FINISH_FRAME: Duration = Duration::from_millis(200);
 
 /// Where the server-to-client byte stream stands in WebSocket framing
@@ -103,13 +104,21 @@ pub(crate) async fn bridge_until_over<C, P>(
     tokio::pin!(over);
     let mut frames = FrameCursor::default();
     let mut buf = vec![0u8; 16 * 1024];
+    // False once a write to the client was cut mid-way: the client's stream
+    // then ends inside a frame, and no close frame can follow it.
+    let mut clean = true;
     {
-        let up = tokio::io::copy(&mut client_rd, &mut peer_wr);
+        let up = async {
+            let _ = tokio::io::copy(&mut client_rd, &mut peer_wr).await;
+            let _ = peer_wr.shutdown().await;
+        };
         tokio::pin!(up);
+        // The client half-closed: what the app still sends goes on to it.
+        let mut up_done = false;
         loop {
             tokio::select! {
                 _ = &mut over => break,
-                _ = &mut up => return,
+                _ = &mut up, if !up_done => up_done = true,
                 _ = progress.idle_for(idle) => {
                     tracing::debug!(?idle, "upgraded tunnel idle; closing");
                     return;
@@ -119,9 +128,20 @@ pub(crate) async fn bridge_until_over<C, P>(
                         Ok(0) | Err(_) => return,
                         Ok(n) => n,
                     };
-                    frames.advance(&buf[..n], false);
-                    if client_wr.write_all(&buf[..n]).await.is_err() {
-                        return;
+                    // A client that stops reading must not hold the
+                    // tunnel past its term: the write races the end too.
+                    tokio::select! {
+                        written = client_wr.write_all(&buf[..n]) => {
+                            if written.is_err() {
+                                return;
+                            }
+                            frames.advance(&buf[..n], false);
+                        }
+                        _ = &mut over => {
+                            clean = false;
+                            break;
+                        }
+                        _ = progress.idle_for(idle) => return,
                     }
                 }
             }
@@ -133,8 +153,11 @@ pub(crate) async fn bridge_until_over<C, P>(
     let reason = work.watch().reason().map_or("lost", |r| r.as_str());
     metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role, "reason" => reason)
         .increment(1);
-    if websocket {
-        let finish = async {
+    // Finishing the app's frame in flight, the close frame and the shutdown
+    // are bounded together: a client that does not read gets its connection
+    // dropped instead.
+    let close = async {
+        if websocket && clean {
             while !frames.at_boundary() {
                 let n = match peer_rd.read(&mut buf).await {
                     Ok(0) | Err(_) => return,
@@ -145,13 +168,13 @@ pub(crate) async fn bridge_until_over<C, P>(
                     return;
                 }
             }
-        };
-        let _ = tokio::time::timeout(FINISH_FRAME, finish).await;
-        if frames.at_boundary() {
-            let _ = client_wr.write_all(CLOSE_1012).await;
+            if client_wr.write_all(CLOSE_1012).await.is_err() {
+                return;
+            }
         }
-    }
-    let _ = client_wr.shutdown().await;
+        let _ = client_wr.shutdown().await;
+    };
+    let _ = tokio::time::timeout(FINISH_FRAME, close).await;
     drop(work);
 }
 

@@ -216,7 +216,7 @@ impl HeartbeatLoop {
         b.handover = Some(Handover {
             idx: i,
             to,
-            until: now + drain,
+            until: now.checked_add(drain).unwrap_or(now),
             cause,
         });
         // The flag is set before the count is read: with no local work
