@@ -47,6 +47,16 @@ struct Load {
     answers: Mutex<Vec<(u64, u16)>>,
 }
 
+/// Waits until `answered()` has grown by `n`: the load runs through a step
+/// of the test, not for a guessed time.
+async fn more_answers(n: usize, answered: impl Fn() -> usize) {
+    let from = answered();
+    support::wait_for("more requests answered", Duration::from_secs(30), || {
+        answered() >= from + n
+    })
+    .await;
+}
+
 /// Sends requests to `url` one after another (GETs, and POSTs with a small
 /// body, alternating) until `stop`; each carries its id in the path.
 fn steady_load(url: String, stop: Arc<AtomicBool>) -> (Arc<Load>, tokio::task::JoinHandle<()>) {
@@ -110,13 +120,14 @@ async fn load_across(
 ) -> (Vec<(u64, u16)>, HashMap<u64, usize>) {
     let stop = Arc::new(AtomicBool::new(false));
     let (load, task) = steady_load(gws[1].url(), stop.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered = || load.answers.lock().unwrap().len();
+    more_answers(30, answered).await;
     gws[0].signal(fault);
     support::wait_for_async("gateway 1 holds", Duration::from_secs(20), || async {
         gws[1].held().await.get("maintenance").is_some_and(|h| h.0)
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    more_answers(30, answered).await;
     stop.store(true, Ordering::SeqCst);
     task.await.unwrap();
     let answers = load.answers.lock().unwrap().clone();
@@ -193,7 +204,13 @@ async fn holds_past_their_bounds_are_503s_with_retry_after() {
     })
     .await;
     // Its listening sockets may take a moment longer to go than the process.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let port = gws[0].port;
+    support::wait_for(
+        "its port refuses connections",
+        Duration::from_secs(5),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+    )
+    .await;
     let url = format!("{}/maintenance/x", gws[1].url());
     let started = std::time::Instant::now();
     let (a, b) = tokio::join!(cluster::get(&url), cluster::get(&url));
@@ -232,10 +249,13 @@ async fn a_1mb_upload_held_across_a_move_arrives_intact_at_the_successor() {
     // The holder drains (a slow request keeps it draining for its full 1 s
     // bound): it no longer admits, the standby still sees it as the holder,
     // forwards, is refused unread, holds, then serves it itself.
-    let slow_url = format!("{}/plain/slow", gws[0].url());
+    let slow_url = format!("{}/maintenance/slow", gws[0].url());
     let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
     support::wait_for("the slow request runs", Duration::from_secs(5), || {
-        apps[0].executed_paths().iter().any(|p| p == "/plain/slow")
+        apps[0]
+            .executed_paths()
+            .iter()
+            .any(|p| p == "/maintenance/slow")
     })
     .await;
     gws[0].signal("TERM");
@@ -271,6 +291,21 @@ async fn a_1mb_upload_held_across_a_move_arrives_intact_at_the_successor() {
         })
         .sum();
     assert_eq!(ran, 1, "the upload ran once");
+    // It was held (refused by or unable to reach the draining holder), not
+    // merely forwarded before the drain began.
+    let metrics = cluster::get(&format!("{}/metrics", gws[1].admin_url()))
+        .await
+        .unwrap()
+        .2;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("rolegate_hold_outcomes_total")
+                && l.contains("held_then_")
+                && !l.ends_with(" 0")),
+        "the upload was not held:\n{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,14 +337,15 @@ routes:
     // and go to gateway 0 whether it holds their partition or not.
     let stop = Arc::new(AtomicBool::new(false));
     let (load, task) = steady_load(two[0].url(), stop.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let answered = || load.answers.lock().unwrap().len();
+    more_answers(30, answered).await;
     // A third gateway joins (partitions move to it), then leaves.
     let g2 = GatewayProcess::start_for_upstream(2, &spec, apps[2].port, routes).await;
     support::wait_for_async("gateway 2 holds 2", Duration::from_secs(20), || async {
         g2.held().await.values().filter(|h| h.0).count() == 2
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    more_answers(30, answered).await;
     g2.signal("TERM");
     support::wait_for("gateway 2 is gone", Duration::from_secs(20), || {
         !g2.child_alive()
@@ -318,7 +354,7 @@ routes:
     for p in 0..6 {
         cluster::wait_holder(&two, &format!("devices:partition-{p}")).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    more_answers(30, answered).await;
     stop.store(true, Ordering::SeqCst);
     task.await.unwrap();
     let answers = load.answers.lock().unwrap().clone();
@@ -458,12 +494,28 @@ routes:
             }
         }));
     }
+    let answered = || answers.lock().unwrap().len();
+    // Each load loop's answers so far: one more from each means every
+    // request picked before a change of the rotation has been answered.
+    let per_loop = |l: u64| {
+        let prefix = format!("l{l}-");
+        answers
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(id, _)| id.starts_with(&prefix))
+            .count()
+    };
     for i in 0..3 {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        more_answers(40, answered).await;
         // Out of rotation first, as a load balancer would take it out.
         let url = gws[i].url();
         rotation.lock().unwrap().retain(|u| *u != url);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let before = [per_loop(0), per_loop(1)];
+        support::wait_for("requests to it answered", Duration::from_secs(10), || {
+            per_loop(0) > before[0] && per_loop(1) > before[1]
+        })
+        .await;
         gws[i].signal("TERM");
         support::wait_for("the gateway exits", Duration::from_secs(20), || {
             !gws[i].child_alive()
@@ -473,7 +525,7 @@ routes:
         converge(&gws).await;
         rotation.lock().unwrap().push(gws[i].url());
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    more_answers(40, answered).await;
     stop.store(true, Ordering::SeqCst);
     for l in loads {
         l.await.unwrap();

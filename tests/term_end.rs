@@ -214,22 +214,53 @@ async fn a_balance_move_ends_the_old_holders_streams_before_the_successor_begins
         held_count(&g2).await == 4
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let moved_roles = || -> Vec<String> {
+        terms_began(&[&two[0], &two[1], &g2])
+            .into_iter()
+            .filter(|(_, terms)| terms.iter().any(|(_, t)| *t > joined))
+            .map(|(role, _)| role)
+            .collect()
+    };
+    support::wait_for("four moves logged", Duration::from_secs(10), || {
+        moved_roles().len() >= 4
+    })
+    .await;
+    let moved = moved_roles();
+    let stream_of = |role: &str| -> usize {
+        role.rsplit('-')
+            .next()
+            .and_then(|k| k.parse().ok())
+            .unwrap()
+    };
+    // A moved stream ends (its client reconnects, to the new holder): had
+    // the old holder gone on streaming, this would time out.
+    support::wait_for("the moved streams end", Duration::from_secs(10), || {
+        moved
+            .iter()
+            .all(|r| streams[stream_of(r)].lock().unwrap().end.is_some())
+    })
+    .await;
+    // The others are untouched: still open, still ticking.
+    let unmoved: Vec<usize> = (0..12)
+        .filter(|k| !moved.iter().any(|r| stream_of(r) == *k))
+        .collect();
+    let counts: Vec<usize> = unmoved
+        .iter()
+        .map(|&k| streams[k].lock().unwrap().ticks.len())
+        .collect();
+    support::wait_for("the other streams go on", Duration::from_secs(10), || {
+        unmoved.iter().zip(&counts).all(|(&k, &n)| {
+            let s = streams[k].lock().unwrap();
+            s.end.is_none() && s.ticks.len() > n + 2
+        })
+    })
+    .await;
 
     let began = terms_began(&[&two[0], &two[1], &g2]);
     let ticks: Vec<Tick> = streams
         .iter()
         .flat_map(|s| s.lock().unwrap().ticks.clone())
         .collect();
-    let moved: Vec<&String> = began
-        .iter()
-        .filter(|(_, terms)| terms.iter().any(|(_, t)| *t > joined))
-        .map(|(role, _)| role)
-        .collect();
-    assert!(
-        moved.len() >= 4,
-        "four partitions must have moved: {began:?}"
-    );
     let bad = overlaps(&ticks, &began);
     assert!(
         bad.is_empty(),
@@ -238,14 +269,21 @@ async fn a_balance_move_ends_the_old_holders_streams_before_the_successor_begins
         bad.join("\n"),
         two[0].log()
     );
-    // The moved streams ended (the client reconnects, to the new holder).
-    for (k, s) in streams.iter().enumerate() {
-        let s = s.lock().unwrap();
-        let role = format!("devices:partition-{k}");
-        if moved.contains(&&role) {
-            assert!(s.end.is_some(), "the stream of {role} still runs");
-        }
-    }
+}
+
+/// Waits until the standby's log shows its term of `maintenance` began.
+async fn successor_logged(gws: &[GatewayProcess; 2]) {
+    support::wait_for(
+        "the successor's term is logged",
+        Duration::from_secs(5),
+        || {
+            gws[1]
+                .events()
+                .iter()
+                .any(|e| matches!(e, Event::Began { role, .. } if role == "maintenance"))
+        },
+    )
+    .await;
 }
 
 const ROLE_ROUTES: &str = "roles:
@@ -322,7 +360,7 @@ async fn a_stopping_holder_closes_its_websockets_with_1012_before_the_successor_
         seen.lock().unwrap().end.is_some()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    successor_logged(&gws).await;
     let began = terms_began(&[&gws[0], &gws[1]]);
     let seen = seen.lock().unwrap();
     let bad = overlaps(&seen.ticks, &began);
@@ -348,7 +386,7 @@ async fn a_stopping_holder_resets_its_http2_streams_with_cancel_before_the_succe
         stream.lock().unwrap().end.is_some()
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    successor_logged(&gws).await;
     let began = terms_began(&[&gws[0], &gws[1]]);
     let seen = stream.lock().unwrap();
     let bad = overlaps(&seen.ticks, &began);
@@ -591,7 +629,22 @@ mod library {
             b.partition("accounts").unwrap().held_here() == 1
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The moved role's stream ends; the other goes on ticking.
+        let ended = || {
+            streams
+                .iter()
+                .filter(|s| *s.lock().unwrap() == Some(true))
+                .count()
+        };
+        support::wait_for("the moved stream ends", Duration::from_secs(5), || {
+            ended() >= 1
+        })
+        .await;
+        let so_far = made.lock().unwrap().len();
+        support::wait_for("the other stream goes on", Duration::from_secs(5), || {
+            made.lock().unwrap().len() > so_far + 3
+        })
+        .await;
         let bad = overlaps(&made, &began);
         assert!(bad.is_empty(), "{}", bad.join("\n"));
         let ended = streams
@@ -624,10 +677,12 @@ mod library {
             b.role("reports").unwrap().is_held()
         })
         .await;
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        support::wait_for("the stream ends", Duration::from_secs(5), || {
+            *stream.lock().unwrap() == Some(true)
+        })
+        .await;
         let bad = overlaps(&made, &began);
         assert!(bad.is_empty(), "{}", bad.join("\n"));
-        assert_eq!(*stream.lock().unwrap(), Some(true), "the stream ended");
         b.shutdown_now().await;
     }
 
