@@ -330,11 +330,6 @@ impl TermWatch {
         }
     }
 
-    /// Whether the term was ended by a signal (not by its deadline).
-    pub(crate) fn is_signalled(&self) -> bool {
-        self.signals.over.is_cancelled()
-    }
-
     /// True once the term is over: stop the work now.
     pub fn is_over(&self) -> bool {
         self.deadline(Instant::now()).is_none()

@@ -560,15 +560,11 @@ impl GateSettings {
         forwarded: bool,
     ) -> Settled {
         let mut held: Option<HeldSlot> = None;
-        // Subscribed only once a hold is needed (then decided again at once,
-        // so no change between the first look and the subscription is lost).
-        let mut views: Option<tokio::sync::watch::Receiver<u64>> = None;
+        let mut views = target.subscribe_published();
         let deadline = crate::lease::deadline_after(self.holds.timeout);
         loop {
-            if let Some(v) = views.as_mut() {
-                // Seen before deciding: a change after this wakes the hold below.
-                v.borrow_and_update();
-            }
+            // Seen before deciding: a change after this wakes the hold below.
+            views.borrow_and_update();
             let problem = match target.decide(req.uri(), req.headers(), forwarded) {
                 Decision::Local(lease, work) => {
                     if let Some(h) = held.take() {
@@ -623,12 +619,8 @@ impl GateSettings {
                     }
                 }
             }
-            let Some(v) = views.as_mut() else {
-                views = Some(target.subscribe_published());
-                continue;
-            };
             tokio::select! {
-                changed = v.changed() => {
+                changed = views.changed() => {
                     if changed.is_err() {
                         let (resp, outcome) = self.reject(problem);
                         return Settled::Answered(resp, outcome);

@@ -14,8 +14,6 @@ use std::task::{Context, Poll};
 pub(crate) struct TermBody {
     body: axum::body::Body,
     work: crate::lease::LocalWork,
-    /// The term's trust deadline as last read; re-read once it passes.
-    until: Option<std::time::Instant>,
     /// Armed while the inner body waits, so an idle stream ends on time too.
     waiter: Option<Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
     over: bool,
@@ -23,27 +21,17 @@ pub(crate) struct TermBody {
 
 impl TermBody {
     pub(crate) fn new(body: axum::body::Body, work: crate::lease::LocalWork) -> Self {
-        let until = work.watch().deadline(std::time::Instant::now());
         Self {
             body,
             work,
-            until,
             waiter: None,
-            over: until.is_none(),
+            over: false,
         }
     }
 
-    /// Whether the term is over now: a cheap check of the cached deadline,
-    /// and the snapshot read again only once that passed.
+    /// Whether the term is over now, judged at this poll.
     fn check(&mut self) -> bool {
-        if self.over {
-            return true;
-        }
-        let now = std::time::Instant::now();
-        if self.work.watch().is_signalled() || self.until.is_none_or(|u| now >= u) {
-            self.until = self.work.watch().deadline(now);
-            self.over = self.until.is_none();
-        }
+        self.over = self.over || self.work.watch().is_over();
         self.over
     }
 
