@@ -17,8 +17,10 @@ use serde_json::Value;
 
 type Env = BTreeMap<String, String>;
 
-/// Slack for the release call and process exit after the drain.
-const STOP_SLACK: Duration = Duration::from_secs(5);
+/// What a stop may take after its drain bound: ending the work left (1 s),
+/// the release (up to 2 s), the hand-on pause (0.5 s), open connections
+/// finishing (up to 2 s), the final release call and exit (1 s).
+const STOP_SLACK: Duration = Duration::from_millis(6500);
 
 /// What the downward API would give a pod.
 const POD_IP: &str = "10.244.1.17";
