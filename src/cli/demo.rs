@@ -38,14 +38,6 @@ struct Node {
     app_child: Option<Child>,
 }
 
-fn free_port() -> Option<u16> {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .ok()?
-        .local_addr()
-        .ok()
-        .map(|a| a.port())
-}
-
 fn port_free(port: u16) -> bool {
     std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
@@ -72,30 +64,47 @@ fn io(what: String) -> impl FnOnce(std::io::Error) -> DemoError {
     move |source| DemoError::Io { what, source }
 }
 
+/// The ports of each node (public, admin, app): from `base`, or all 0 when
+/// `base` is 0, so every process binds a port of the kernel's choosing and
+/// reports it (no port is picked free and released first, which races).
 fn pick_ports(base: u16) -> Result<Vec<(u16, u16, u16)>, DemoError> {
-    let no_port = || DemoError::Setup("no free port".into());
     let mut out = Vec::new();
     for i in 0..INSTANCES as u16 {
-        let ports = if base == 0 {
-            (
-                free_port().ok_or_else(no_port)?,
-                free_port().ok_or_else(no_port)?,
-                free_port().ok_or_else(no_port)?,
-            )
-        } else {
-            let p = (base + i, base + 10 + i, base + 20 + i);
-            for port in [p.0, p.1, p.2] {
-                if !port_free(port) {
-                    return Err(DemoError::Setup(format!(
-                        "port {port} is in use; pick other ports with --base-port N (or 0 for any free ports)"
-                    )));
-                }
+        if base == 0 {
+            out.push((0, 0, 0));
+            continue;
+        }
+        let p = (base + i, base + 10 + i, base + 20 + i);
+        for port in [p.0, p.1, p.2] {
+            if !port_free(port) {
+                return Err(DemoError::Setup(format!(
+                    "port {port} is in use; pick other ports with --base-port N (or 0 for any free ports)"
+                )));
             }
-            p
-        };
-        out.push(ports);
+        }
+        out.push(p);
     }
     Ok(out)
+}
+
+/// The last lines of a log file.
+fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
+}
+
+/// The public and admin ports a gateway's log says it bound (its
+/// `rolegate gateway started` line).
+fn started_ports(log: &str) -> Option<(u16, u16)> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("rolegate gateway started"))?;
+    let port = |key: &str| -> Option<u16> {
+        let value = line.split_whitespace().find_map(|w| w.strip_prefix(key))?;
+        value.rsplit(':').next()?.parse().ok()
+    };
+    Some((port("listen=")?, port("admin=")?))
 }
 
 fn config_text(node: &Node, store_kind: &str, store_url: &str) -> String {
@@ -139,13 +148,13 @@ shutdown:
     )
 }
 
-fn spawn(args: &[&str], log: &Path) -> Result<Child, DemoError> {
+fn spawn(args: &[&str], log: &Path, stdout: Stdio) -> Result<Child, DemoError> {
     let exe = std::env::current_exe().map_err(io("cannot find this binary".into()))?;
     let log = std::fs::File::create(log).map_err(io(format!("cannot create {}", log.display())))?;
     Command::new(exe)
         .args(args)
         .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(log)
         .spawn()
         .map_err(io(format!("cannot start {args:?}")))
@@ -237,11 +246,13 @@ pub async fn run(options: DemoOptions) -> ExitCode {
     }
 }
 
-/// Starts each node's demo app.
+/// Starts each node's demo app; an app started on port 0 prints the port
+/// it bound as its first line.
 fn spawn_apps(nodes: &mut [Node], dir: &Path) -> Result<(), DemoError> {
     for n in nodes.iter_mut() {
         let port = n.app.to_string();
-        n.app_child = Some(spawn(
+        let log = dir.join(format!("{}-app.log", n.name));
+        let mut child = spawn(
             &[
                 "demo-app",
                 "--port",
@@ -249,8 +260,29 @@ fn spawn_apps(nodes: &mut [Node], dir: &Path) -> Result<(), DemoError> {
                 "--name",
                 &n.name.replace("gw", "app"),
             ],
-            &dir.join(format!("{}-app.log", n.name)),
-        )?);
+            &log,
+            Stdio::piped(),
+        )?;
+        let stdout = child.stdout.take();
+        n.app_child = Some(child);
+        if n.app == 0 {
+            let mut line = String::new();
+            if let Some(out) = stdout {
+                let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(out), &mut line);
+            }
+            n.app = line
+                .trim()
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| {
+                    DemoError::Setup(format!(
+                        "{} app did not say its port; see {}",
+                        n.name,
+                        log.display()
+                    ))
+                })?;
+        }
     }
     Ok(())
 }
@@ -295,26 +327,35 @@ async fn start(
         std::fs::write(&config, config_text(node, &store_kind, &store_url))
             .map_err(io(format!("cannot write {}", config.display())))?;
         let config = config.display().to_string();
-        node.gateway = Some(spawn(
-            &["run", "--config", &config],
-            &dir.join(format!("{}.log", node.name)),
-        )?);
-        let ready = format!("http://127.0.0.1:{}/readyz", node.admin);
+        let log = dir.join(format!("{}.log", node.name));
+        node.gateway = Some(spawn(&["run", "--config", &config], &log, Stdio::null())?);
         let started = Instant::now();
         let wait = Duration::from_millis(500);
-        while !probe.probe(&ready, HopProtocol::Http1, wait).await {
+        loop {
+            if node.admin == 0 {
+                // Bound on port 0: the started line says which ports.
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                if let Some((public, admin)) = started_ports(&text) {
+                    (node.public, node.admin) = (public, admin);
+                }
+            }
+            let ready = format!("http://127.0.0.1:{}/readyz", node.admin);
+            if node.admin != 0 && probe.probe(&ready, HopProtocol::Http1, wait).await {
+                break;
+            }
+            // The demo removes its files on the way out: say the log's end.
             if started.elapsed() > Duration::from_secs(15) {
                 return Err(DemoError::Setup(format!(
-                    "{} did not become ready; see {}",
+                    "{} did not become ready; its log ends:\n{}",
                     node.name,
-                    dir.join(format!("{}.log", node.name)).display()
+                    log_tail(&log)
                 )));
             }
             if let Some(Ok(Some(status))) = node.gateway.as_mut().map(|g| g.try_wait()) {
                 return Err(DemoError::Setup(format!(
-                    "{} exited ({status}); see {}",
+                    "{} exited ({status}); its log ends:\n{}",
                     node.name,
-                    dir.join(format!("{}.log", node.name)).display()
+                    log_tail(&log)
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -392,6 +433,9 @@ pub async fn run_app(port: u16, name: String) -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
+    if let Ok(addr) = listener.local_addr() {
+        println!("listening on {addr}");
+    }
     let name: std::sync::Arc<str> = name.into();
     let accept = async {
         loop {

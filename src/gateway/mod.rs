@@ -132,7 +132,7 @@ pub(crate) async fn run(
         listen = %bound,
         workers,
         tls = config.tls.is_some(),
-        admin = %config.admin_listen,
+        admin = %admin.local_addr().unwrap_or(config.admin_listen),
         advertise = %advertise,
         store = coordinator.store_kind(),
         roles = coordinator.role_names().len(),

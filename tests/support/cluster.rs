@@ -610,10 +610,9 @@ pub fn bin() -> &'static str {
 
 impl GatewayProcess {
     /// Starts `rolegate run` in front of `app` and waits until it is ready.
+    /// Both listeners bind port 0; the ports are read back from the log.
     pub async fn start(n: usize, spec: &ClusterSpec, app: &TestApp) -> GatewayProcess {
-        let port = super::free_port();
-        let admin_port = super::free_port();
-        Self::start_on(n, spec, app.port, port, admin_port).await
+        Self::start_on(n, spec, app.port, 0, 0).await
     }
 
     pub async fn start_on(
@@ -652,9 +651,7 @@ impl GatewayProcess {
         app_port: u16,
         routes_yaml: &str,
     ) -> GatewayProcess {
-        let port = super::free_port();
-        let admin_port = super::free_port();
-        Self::start_configured(n, spec, app_port, port, admin_port, "null", routes_yaml).await
+        Self::start_configured(n, spec, app_port, 0, 0, "null", routes_yaml).await
     }
 
     async fn start_configured(
@@ -666,7 +663,9 @@ impl GatewayProcess {
         advertise: &str,
         routes_yaml: &str,
     ) -> GatewayProcess {
-        let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{port}", std::process::id()));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("rolegate-gw-{}-{nth}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // Test defaults for the proxy section, unless the spec sets them.
         let mut proxy_defaults = String::new();
@@ -715,13 +714,16 @@ impl GatewayProcess {
             .stderr(log)
             .spawn()
             .expect("spawn rolegate");
-        let gw = GatewayProcess {
+        let mut gw = GatewayProcess {
             child,
             port,
             admin_port,
             dir,
             n,
         };
+        if port == 0 || admin_port == 0 {
+            gw.read_bound_ports().await;
+        }
         if spec.wait_ready {
             gw.wait_ready().await;
         } else {
@@ -730,9 +732,32 @@ impl GatewayProcess {
         gw
     }
 
+    /// Reads the ports a gateway started on port 0 bound from its
+    /// `rolegate gateway started` log line.
+    async fn read_bound_ports(&mut self) {
+        let start = std::time::Instant::now();
+        loop {
+            let log = self.log();
+            if let Some(line) = log.lines().find(|l| l.contains("rolegate gateway started")) {
+                let port = |key: &str| -> u16 {
+                    line.split_whitespace()
+                        .find_map(|w| w.strip_prefix(key))
+                        .and_then(|v| v.rsplit(':').next()?.parse().ok())
+                        .unwrap_or_else(|| panic!("no {key} in the started line: {line}"))
+                };
+                (self.port, self.admin_port) = (port("listen="), port("admin="));
+                return;
+            }
+            if start.elapsed() > Duration::from_secs(15) || !self.child_alive() {
+                panic!("gateway {} did not start in 15s; log:\n{log}", self.n);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Waits for `/healthz` (the process is up), not for the store. Only
     /// the gateway's own answer counts: should another test's app have
-    /// taken the admin port between `free_port` and the gateway's bind, its
+    /// taken the admin port between a restart's release of it and the new bind, its
     /// `/healthz` (200, `health`) must not pass for this gateway's.
     pub async fn wait_healthy(&self) {
         let url = format!("{}/healthz", self.admin_url());
