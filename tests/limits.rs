@@ -515,8 +515,7 @@ async fn problem_bodies_name_no_internal_address_or_library_error() {
     // An upstream that is not listening: 502 on a plain path.
     let closed = support::free_port();
     let spec = ClusterSpec::postgres("lim_leak");
-    let gw = GatewayProcess::start_on(0, &spec, closed, support::free_port(), support::free_port())
-        .await;
+    let gw = GatewayProcess::start_on(0, &spec, closed, 0, 0).await;
     let (status, _, body) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     let text = String::from_utf8_lossy(&body);
@@ -553,14 +552,7 @@ async fn an_http_1_0_answer_from_the_app_is_relayed_as_http_1_1() {
         }
     });
     let spec = ClusterSpec::postgres("lim_http10");
-    let gw = GatewayProcess::start_on(
-        0,
-        &spec,
-        app_port,
-        support::free_port(),
-        support::free_port(),
-    )
-    .await;
+    let gw = GatewayProcess::start_on(0, &spec, app_port, 0, 0).await;
     let answer = raw_exchange(
         gw.port,
         b"GET /plain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",

@@ -488,7 +488,10 @@ async fn websocket_echo_works_through_a_forwarded_route_and_a_plain_path() {
 }
 
 /// Counts accepted connections and relays bytes to `target`.
-async fn counting_relay(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+/// `target` is the port relayed to, set once the relayed gateway is up.
+async fn counting_relay(
+    target: std::sync::Arc<std::sync::atomic::AtomicU16>,
+) -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -499,6 +502,7 @@ async fn counting_relay(target: u16) -> (u16, std::sync::Arc<std::sync::atomic::
                 continue;
             };
             c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let target = target.load(std::sync::atomic::Ordering::SeqCst);
             tokio::spawn(async move {
                 if let Ok(mut outbound) =
                     tokio::net::TcpStream::connect(("127.0.0.1", target)).await
@@ -517,8 +521,8 @@ async fn peer_and_upstream_connections_are_reused_across_sequential_requests() {
     let apps = [TestApp::start(0).await, TestApp::start(1).await];
     // Gateway 0 advertises a relay in front of itself, so the test can count
     // the TCP connections other gateways open to it.
-    let (port0, admin0) = (support::free_port(), support::free_port());
-    let (relay, accepts) = counting_relay(port0).await;
+    let target = std::sync::Arc::new(std::sync::atomic::AtomicU16::new(0));
+    let (relay, accepts) = counting_relay(target.clone()).await;
     let spec0 = ClusterSpec {
         extra_yaml: String::new(),
         ..spec.clone()
@@ -527,11 +531,12 @@ async fn peer_and_upstream_connections_are_reused_across_sequential_requests() {
         0,
         &spec0,
         apps[0].port,
-        port0,
-        admin0,
+        0,
+        0,
         &format!("http://127.0.0.1:{relay}"),
     )
     .await;
+    target.store(g0.port, std::sync::atomic::Ordering::SeqCst);
     support::wait_for_async("g0 holds", Duration::from_secs(10), || async {
         g0.held().await.get("maintenance").is_some_and(|h| h.0)
     })

@@ -63,12 +63,13 @@ fn peers_yaml(ca: Option<&Path>, cert: Option<&(PathBuf, PathBuf)>, require: boo
     y
 }
 
-/// Starts a TLS gateway advertised as `https://127.0.0.1:<port>`.
+/// Starts a TLS gateway on port 0; it advertises `https://127.0.0.1:<port>`.
 async fn start_tls(n: usize, spec: &ClusterSpec, extra: &str, app: &TestApp) -> GatewayProcess {
-    let (port, admin) = (support::free_port(), support::free_port());
     let spec = spec.clone().with_extra(extra);
-    let advertise = format!("https://127.0.0.1:{port}");
-    GatewayProcess::start_on_advertised(n, &spec, app.port, port, admin, &advertise).await
+    let gw = GatewayProcess::start(n, &spec, app).await;
+    let advertised = format!("advertise=https://127.0.0.1:{}", gw.port);
+    assert!(gw.log().contains(&advertised), "{}", gw.log());
+    gw
 }
 
 /// Starts gateway 0 (which then holds `maintenance`) and the others.

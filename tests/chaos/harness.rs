@@ -355,16 +355,17 @@ impl Rig {
                 }
                 None => (None, None),
             };
-            let (port, admin) = (support::free_port(), support::free_port());
+            // The first start binds port 0; restarts keep the ports it bound.
             let config = dir.join(format!("gw{n}.yaml"));
             let store_yaml = servers.store_yaml(n, &table, proxy_port).await;
-            let text = config_text(port, admin, app.port, &store_yaml, store.timings(), n);
-            std::fs::write(&config, text).unwrap();
+            let text =
+                |port, admin| config_text(port, admin, app.port, &store_yaml, store.timings(), n);
+            std::fs::write(&config, text(0, 0)).unwrap();
             let mut g = Gateway {
                 bin: bin.clone(),
                 n,
-                port,
-                admin,
+                port: 0,
+                admin: 0,
                 config,
                 events: dir.join(format!("gw{n}.events")),
                 child: None,
@@ -372,6 +373,20 @@ impl Rig {
                 proxy,
             };
             g.spawn();
+            let mut ports = None;
+            let log = g.config.with_extension("log");
+            support::wait_for(
+                "the gateway's started line",
+                Duration::from_secs(15),
+                || {
+                    ports =
+                        cluster::started_ports(&std::fs::read_to_string(&log).unwrap_or_default());
+                    ports.is_some()
+                },
+            )
+            .await;
+            (g.port, g.admin) = ports.unwrap_or_default();
+            std::fs::write(&g.config, text(g.port, g.admin)).unwrap();
             g.wait_up().await;
             gws.push(g);
         }

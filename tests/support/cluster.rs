@@ -604,6 +604,19 @@ routes:
     key: { path_segment: last }
 "#;
 
+/// The public and admin ports named by a gateway log's first
+/// `rolegate gateway started` line (how a gateway on port 0 reports them).
+pub fn started_ports(log: &str) -> Option<(u16, u16)> {
+    let line = log
+        .lines()
+        .find(|l| l.contains("rolegate gateway started"))?;
+    let port = |key: &str| -> Option<u16> {
+        let value = line.split_whitespace().find_map(|w| w.strip_prefix(key))?;
+        value.rsplit(':').next()?.parse().ok()
+    };
+    Some((port("listen=")?, port("admin=")?))
+}
+
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_rolegate")
 }
@@ -732,20 +745,13 @@ impl GatewayProcess {
         gw
     }
 
-    /// Reads the ports a gateway started on port 0 bound from its
-    /// `rolegate gateway started` log line.
+    /// Reads the ports a gateway started on port 0 bound from its log.
     async fn read_bound_ports(&mut self) {
         let start = std::time::Instant::now();
         loop {
             let log = self.log();
-            if let Some(line) = log.lines().find(|l| l.contains("rolegate gateway started")) {
-                let port = |key: &str| -> u16 {
-                    line.split_whitespace()
-                        .find_map(|w| w.strip_prefix(key))
-                        .and_then(|v| v.rsplit(':').next()?.parse().ok())
-                        .unwrap_or_else(|| panic!("no {key} in the started line: {line}"))
-                };
-                (self.port, self.admin_port) = (port("listen="), port("admin="));
+            if let Some(ports) = started_ports(&log) {
+                (self.port, self.admin_port) = ports;
                 return;
             }
             if start.elapsed() > Duration::from_secs(15) || !self.child_alive() {
