@@ -1,6 +1,8 @@
 //! The admin listener: `/healthz`, `/readyz`, `/leases` (JSON), `/metrics`
 //! and `/` (an HTML status page that refreshes itself).
 
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::extract::State;
@@ -13,6 +15,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use crate::lease::Coordinator;
+use crate::proxy::hold::Holds;
 
 #[derive(Serialize)]
 pub struct LeasesView {
@@ -69,10 +72,16 @@ pub struct RoleView {
     pub preferred: Option<String>,
     /// This instance is handing the role over to its preferred holder.
     pub handing_over: bool,
+    /// Requests for the role waiting at this gateway for a servable holder.
+    pub held_requests: usize,
 }
 
-/// The `/leases` document (SPEC 7).
-pub fn leases_view(c: &Coordinator, hops_signed: bool) -> LeasesView {
+/// The `/leases` document; `held` counts the requests held per role.
+pub fn leases_view(
+    c: &Coordinator,
+    hops_signed: bool,
+    held: &HashMap<Arc<str>, usize>,
+) -> LeasesView {
     let snap = c.snapshot();
     let now = Instant::now();
     let draining = c.is_draining();
@@ -121,6 +130,7 @@ pub fn leases_view(c: &Coordinator, hops_signed: bool) -> LeasesView {
                 RoleView {
                     preferred: r.preferred.as_deref().map(str::to_string),
                     handing_over: r.handing_over,
+                    held_requests: held.get(&r.name).copied().unwrap_or(0),
                     role: r.name.to_string(),
                     held_here,
                     token: r.token,
@@ -159,6 +169,17 @@ struct AdminState {
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
     hops_signed: bool,
+    holds: Arc<Holds>,
+}
+
+impl AdminState {
+    fn view(&self) -> LeasesView {
+        leases_view(
+            &self.coordinator,
+            self.hops_signed,
+            &self.holds.held_by_role(),
+        )
+    }
 }
 
 impl axum::extract::FromRef<AdminState> for Coordinator {
@@ -171,6 +192,7 @@ pub fn router(
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
     hops_signed: bool,
+    holds: Arc<Holds>,
 ) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -182,6 +204,7 @@ pub fn router(
             coordinator,
             metrics,
             hops_signed,
+            holds,
         })
 }
 
@@ -219,7 +242,7 @@ async fn leases(State(s): State<AdminState>) -> Response {
             (header::CONTENT_TYPE, "application/json"),
             (header::CACHE_CONTROL, "no-store"),
         ],
-        serde_json::to_string(&leases_view(&s.coordinator, s.hops_signed)).unwrap_or_default(),
+        serde_json::to_string(&s.view()).unwrap_or_default(),
     )
         .into_response()
 }
@@ -232,11 +255,11 @@ fn escape(s: &str) -> String {
 }
 
 async fn status_page(State(s): State<AdminState>) -> Html<String> {
-    let v = leases_view(&s.coordinator, s.hops_signed);
+    let v = s.view();
     let mut rows = String::new();
     for r in &v.roles {
         rows.push_str(&format!(
-            "<tr class=\"{cls}\"><td>{role}</td><td>{here}</td><td>{holder}</td><td>{addr}</td><td>{token}</td><td>{left}</td><td>{pref}</td></tr>\n",
+            "<tr class=\"{cls}\"><td>{role}</td><td>{here}</td><td>{holder}</td><td>{addr}</td><td>{token}</td><td>{left}</td><td>{pref}</td><td>{waiting}</td></tr>\n",
             cls = if r.held_here { "here" } else if r.holder.is_some() { "other" } else { "none" },
             role = escape(&r.role),
             here = if r.held_here { "yes" } else { "" },
@@ -249,9 +272,11 @@ async fn status_page(State(s): State<AdminState>) -> Html<String> {
                 (Some(p), false) => escape(p),
                 (None, _) => "—".into(),
             },
+            waiting = if r.held_requests > 0 { r.held_requests.to_string() } else { String::new() },
         ));
     }
     let held = v.roles.iter().filter(|r| r.held_here).count();
+    let waiting: usize = v.roles.iter().map(|r| r.held_requests).sum();
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -266,8 +291,8 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
 .meta{{color:#555;margin-bottom:1rem}}
 </style></head><body>
 <h1>rolegate</h1>
-<div class="meta">instance <b>{id}</b> · {addr} · store {store} · {ready} · candidate: {cand}{drain} · holds {held} of {total} roles</div>
-{spread}<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th><th>preferred</th></tr></thead>
+<div class="meta">instance <b>{id}</b> · {addr} · store {store} · {ready} · candidate: {cand}{drain} · holds {held} of {total} roles{waiting}</div>
+{spread}<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th><th>preferred</th><th>requests held</th></tr></thead>
 <tbody>
 {rows}</tbody></table>
 </body></html>
@@ -291,6 +316,11 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
             ""
         },
         total = v.roles.len(),
+        waiting = if waiting > 0 {
+            format!(" · <b>{waiting} requests held</b> waiting for a holder")
+        } else {
+            String::new()
+        },
         spread = spread_html(&v),
     ))
 }
@@ -343,9 +373,10 @@ pub async fn serve(
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
     hops_signed: bool,
+    holds: Arc<Holds>,
     mut stop: crate::shutdown::Shutdown,
 ) {
-    let app = router(coordinator, metrics, hops_signed);
+    let app = router(coordinator, metrics, hops_signed, holds);
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(ADMIN_MAX_CONNECTIONS));
     let mut accept_errors = crate::listener::AcceptBackoff::default();
     loop {

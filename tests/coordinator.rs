@@ -711,6 +711,11 @@ fn interval_checker_catches_overlaps_and_token_regressions() {
     let v = intervals::check(&regressing, Overlaps::AnyTwo);
     assert!(v.overlaps.is_empty(), "{v:?}");
     assert_eq!(v.token_regressions.len(), 2, "{v:?}");
+
+    // A term resumed after a store gap: the same token, the same instance.
+    let resumed = [held("a", "r", 4, 0, 10), held("a", "r", 4, 15, 20)];
+    let v = intervals::check(&resumed, Overlaps::AnyTwo);
+    assert!(v.token_regressions.is_empty(), "{v:?}");
 }
 
 /// `EventLog::check` fails when a second instance begins a term before the

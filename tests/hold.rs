@@ -243,6 +243,56 @@ async fn holds_past_their_bounds_are_503s_with_retry_after() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_requests_show_per_role_and_each_move_logs_one_line() {
+    let (apps, gws) = pair("hold_seen", "  hold_timeout: 6s\n").await;
+    gws[0].signal("KILL");
+    let port = gws[0].port;
+    support::wait_for(
+        "the dead holder's port refuses connections",
+        Duration::from_secs(5),
+        || std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+    )
+    .await;
+    // Held at gateway 1 until the dead holder's term runs out.
+    let url = format!("{}/maintenance/held", gws[1].url());
+    let request = tokio::spawn(async move { cluster::get(&url).await });
+    let held = || async {
+        let v = gws[1].leases().await;
+        v["roles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["role"] == "maintenance")
+            .map(|r| r["held_requests"].as_u64().unwrap())
+    };
+    support::wait_for_async(
+        "/leases counts the held request",
+        Duration::from_secs(3),
+        || async { held().await == Some(1) },
+    )
+    .await;
+    let page = cluster::get(&format!("{}/", gws[1].admin_url()))
+        .await
+        .unwrap()
+        .2;
+    let page = String::from_utf8_lossy(&page);
+    assert!(page.contains("1 requests held"), "{page}");
+    let (status, _, _) = request.await.unwrap().unwrap();
+    assert_eq!(status, 200, "{}", gws[1].log());
+    assert_eq!(apps[1].executed().len(), 1, "run once, at the successor");
+    assert_eq!(held().await, Some(0));
+    let log = gws[1].log();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("requests held while the role had no servable holder"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{log}");
+    for part in ["role=maintenance", "held=1", "served_here=1", "timed_out=0"] {
+        assert!(lines[0].contains(part), "{part}: {}", lines[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_1mb_upload_held_across_a_move_arrives_intact_at_the_successor() {
     // The hold covers the holder's 1 s drain bound.
     let (apps, gws) = pair("hold_upload", "  hold_timeout: 3s\n").await;

@@ -1,4 +1,4 @@
-//! The proxy contract (SPEC 6) pinned against three real `rolegate run`
+//! The proxy contract (docs/proxy.md) pinned against three real `rolegate run`
 //! processes in front of three recording test apps, on PostgreSQL.
 
 mod support;

@@ -326,7 +326,7 @@ backend be
 
 def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rolegate_role_leases",
                   roles=("bench",), partition=0, timings=("15s", "5s", "2s"), route=True,
-                  drain="2s", peer_protocol=None, close_after_body=False):
+                  drain="2s", peer_protocol=None, close_after_body=False, hold_timeout=None):
     lines = [
         "instance:",
         "  name: %s" % name,
@@ -357,6 +357,8 @@ def rolegate_conf(name, port, admin, upstream, store_kind, store_url, table="rol
     lines += ["shutdown:", "  drain_timeout: %s" % drain]
     if peer_protocol:
         lines += ["peers:", "  protocol: %s" % peer_protocol]
+    if hold_timeout:
+        lines += ["proxy:", "  hold_timeout: %s" % hold_timeout]
     return "\n".join(lines) + "\n"
 
 
@@ -800,6 +802,8 @@ class Bench:
         n = self.a.transitions or (10 if self.quick else 100)
         timings = ("1s", "250ms", "250ms")
         bound_ms = 1000 + 250
+        # Covers a crash: duration + renew interval + 1 s.
+        hold = "2250ms"
         pg = self.start_pg()
         d = self.workdir
         up = free_port()
@@ -810,7 +814,7 @@ class Bench:
         def conf(s):
             return rolegate_conf("ho-%s%d" % (s, slots[s]["gen"]), slots[s]["port"], slots[s]["admin"],
                                  "http://127.0.0.1:%d/gw%s" % (up, s), "postgres", pg["url"],
-                                 table="bench_handover", timings=timings, drain="1s")
+                                 table="bench_handover", timings=timings, drain="1s", hold_timeout=hold)
 
         def start(s):
             slots[s]["gen"] += 1
@@ -830,7 +834,7 @@ class Bench:
         holder = "A"
         out = {}
         for kind, sig in (("graceful", signal.SIGTERM), ("crash", signal.SIGKILL)):
-            times, failures, lease_times, errors_seen = [], 0, [], []
+            times, failures, lease_times, errors_seen, slowest = [], 0, [], [], []
             for i in range(n):
                 other = "B" if holder == "A" else "A"
                 # Precondition: the other gateway forwards to the holder.
@@ -838,17 +842,19 @@ class Bench:
                 # A random phase against the holder's renewals, so the crash
                 # case samples the whole range the lease can have left.
                 time.sleep(0.05 + self.rng.uniform(0, 0.25))
-                conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=2)
+                conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=5)
                 p = slots[holder]["p"]
                 limit = 5.0 if kind == "graceful" else bound_ms / 1000.0 + 3.0
                 t0 = time.monotonic()
                 os.kill(p.pid, sig)
-                done, errs = None, 0
+                done, errs, longest = None, 0, 0.0
                 while time.monotonic() - t0 < limit:
+                    sent = time.monotonic()
                     try:
                         conn.request("GET", "/r/who")
                         r = conn.getresponse()
                         body = r.read()
+                        longest = max(longest, time.monotonic() - sent)
                         if r.status == 200 and body.decode().split()[0] == other:
                             done = time.monotonic()
                             break
@@ -857,7 +863,7 @@ class Bench:
                     except (OSError, http.client.HTTPException):
                         errs += 1
                         conn.close()
-                        conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=2)
+                        conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=5)
                     time.sleep(0.002)
                 conn.close()
                 if done is None:
@@ -865,6 +871,7 @@ class Bench:
                 else:
                     times.append((done - t0) * 1000.0)
                 errors_seen.append(errs)
+                slowest.append(longest * 1000.0)
                 try:
                     p.wait(10)
                 except subprocess.TimeoutExpired:
@@ -879,19 +886,116 @@ class Bench:
                 if (i + 1) % max(1, n // 5) == 0:
                     log("%s: %d/%d transitions, median so far %s" % (kind, i + 1, n, fmt_ms(med(times))))
             s = sorted(times)
+            sl = sorted(slowest)
             out[kind] = {"n": n, "ok": len(times), "failed": failures,
                          "p50_ms": pctl(s, 50), "p90_ms": pctl(s, 90), "p99_ms": pctl(s, 99),
                          "min_ms": s[0] if s else None, "max_ms": s[-1] if s else None,
-                         "median_failed_requests": med(errors_seen), "max_failed_requests": max(errors_seen or [0])}
-            log("%s: p50 %s p99 %s (%d/%d)" % (kind, fmt_ms(out[kind]["p50_ms"]), fmt_ms(out[kind]["p99_ms"]),
-                                              len(times), n))
+                         "median_failed_requests": med(errors_seen), "max_failed_requests": max(errors_seen or [0]),
+                         "slowest_p50_ms": pctl(sl, 50), "slowest_p99_ms": pctl(sl, 99),
+                         "slowest_max_ms": sl[-1] if sl else None}
+            log("%s: p50 %s p99 %s (%d/%d), failed requests max %d, slowest request p99 %s" % (
+                kind, fmt_ms(out[kind]["p50_ms"]), fmt_ms(out[kind]["p99_ms"]), len(times), n,
+                out[kind]["max_failed_requests"], fmt_ms(out[kind]["slowest_p99_ms"])))
         for s in slots.values():
             if s["p"] is not None:
                 self.procs.stop(s["p"])
+        out["balance"] = self.balance_moves_under_load(pg, up, timings, hold, max(4, n // 5))
         self.procs.stop(p_up)
         out.update({"timings": {"duration": timings[0], "renew_interval": timings[1], "safety_margin": timings[2]},
-                    "bound_ms": bound_ms, "store": "postgres"})
+                    "bound_ms": bound_ms, "store": "postgres", "hold_timeout": hold})
         self.results["sections"]["handover"] = out
+
+    def balance_moves_under_load(self, pg, up, timings, hold, rounds):
+        """A 4-role partition on gateways A and B: B leaves (SIGTERM, its roles
+        move to A) and joins again (balance moves two roles back), `rounds`
+        times each, while a poller sends `GET /p/<key>` over eight keys through
+        A every 2 ms. Per transition: requests that failed, and the slowest."""
+        ports = {s: (free_port(), free_port()) for s in ("A", "B")}
+        gen = {"A": 0, "B": 0}
+
+        def start(s):
+            gen[s] += 1
+            port, admin = ports[s]
+            c = rolegate_conf("bal-%s%d" % (s, gen[s]), port, admin, "http://127.0.0.1:%d/gw%s" % (up, s),
+                              "postgres", pg["url"], table="bench_balance_moves", roles=(), partition=4,
+                              timings=timings, drain="1s", hold_timeout=hold)
+            p = self.start_rolegate("bal-%s" % s, c)
+            self.wait_ready(p, "bal-%s" % s, admin)
+            return p
+
+        def held(s):
+            return self.held_count(ports[s][1])
+
+        stats = {"lock": threading.Lock(), "ok": 0, "failed": 0, "slowest": 0.0}
+        stop = threading.Event()
+
+        def poll():
+            conn = http.client.HTTPConnection("127.0.0.1", ports["A"][0], timeout=5)
+            i = 0
+            while not stop.is_set():
+                i += 1
+                sent = time.monotonic()
+                ok = False
+                try:
+                    conn.request("GET", "/p/key-%d" % (i % 8))
+                    r = conn.getresponse()
+                    r.read()
+                    ok = r.status == 200
+                except (OSError, http.client.HTTPException):
+                    conn.close()
+                    conn = http.client.HTTPConnection("127.0.0.1", ports["A"][0], timeout=5)
+                with stats["lock"]:
+                    stats["ok" if ok else "failed"] += 1
+                    stats["slowest"] = max(stats["slowest"], time.monotonic() - sent)
+                time.sleep(0.002)
+            conn.close()
+
+        def take():
+            with stats["lock"]:
+                v = (stats["ok"], stats["failed"], stats["slowest"] * 1000.0)
+                stats.update({"ok": 0, "failed": 0, "slowest": 0.0})
+            return v
+
+        p_a = start("A")
+        wait_until("A holds the partition", lambda: held("A") == 4, 20)
+        p_b = start("B")
+        wait_until("the partition spreads 2/2", lambda: held("A") == 2 and held("B") == 2, 30)
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        per = {"leave": [], "join": []}
+        try:
+            for _ in range(rounds):
+                time.sleep(0.3)
+                take()
+                t0 = time.monotonic()
+                p_b.send_signal(signal.SIGTERM)
+                p_b.wait(15)
+                self.procs.stop(p_b)
+                wait_until("A holds all 4", lambda: held("A") == 4, 15)
+                ok, failed, slowest = take()
+                per["leave"].append({"ms": (time.monotonic() - t0) * 1000.0, "requests": ok + failed,
+                                     "failed": failed, "slowest_ms": slowest})
+                t0 = time.monotonic()
+                p_b = start("B")
+                wait_until("B takes its share", lambda: held("B") == 2 and held("A") == 2, 30)
+                ok, failed, slowest = take()
+                per["join"].append({"ms": (time.monotonic() - t0) * 1000.0, "requests": ok + failed,
+                                    "failed": failed, "slowest_ms": slowest})
+        finally:
+            stop.set()
+            poller.join(10)
+            for p in (p_a, p_b):
+                self.procs.stop(p)
+        out = {"rounds": rounds}
+        for kind, rows in per.items():
+            sl = sorted(r["slowest_ms"] for r in rows)
+            out[kind] = {"n": len(rows), "requests": sum(r["requests"] for r in rows),
+                         "failed_max": max(r["failed"] for r in rows), "failed_total": sum(r["failed"] for r in rows),
+                         "slowest_p50_ms": pctl(sl, 50), "slowest_max_ms": sl[-1],
+                         "transition_p50_ms": pctl(sorted(r["ms"] for r in rows), 50)}
+            log("balance %s: %d transitions, %d requests, failed max %d, slowest request max %s" % (
+                kind, len(rows), out[kind]["requests"], out[kind]["failed_max"], fmt_ms(sl[-1])))
+        return out
 
     # -- section 4: store cost --------------------------------------------------
 
@@ -1468,6 +1572,10 @@ def main():
         with open(report.WORK_FILE, "w") as f:
             f.write(report.render_work(b.results["sections"]["work"], args))
         log("wrote %s" % report.WORK_FILE)
+    if "handover" in b.results["sections"] and "error" not in b.results["sections"]["handover"]:
+        with open(report.HANDOVER_FILE, "w") as f:
+            f.write(report.render_handover(b.results["sections"]["handover"], args))
+        log("wrote %s" % report.HANDOVER_FILE)
     if "balance" in b.results["sections"] and "error" not in b.results["sections"]["balance"]:
         with open(report.BALANCE_FILE, "w") as f:
             f.write(report.render_balance(b.results["sections"]["balance"], args))
@@ -1490,7 +1598,7 @@ def main():
         with open(report.MULTICORE_FILE, "w") as f:
             f.write(report.render_multicore(b.results["sections"]["multicore"], args))
         log("wrote %s" % report.MULTICORE_FILE)
-    if set((args.only or "").split(",")) <= {"work", "balance", "peer_hop", "body_close", "profile", "multicore"}:
+    if set((args.only or "").split(",")) <= {"work", "handover", "balance", "peer_hop", "body_close", "profile", "multicore"}:
         log("--only %s: %s left as it is" % (args.only, args.out))
     else:
         text = report.render(b.results, args)

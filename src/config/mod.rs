@@ -1,5 +1,5 @@
 //! The YAML configuration: parsing, `${VAR}` expansion, defaults and every
-//! refusal of SPEC section 2. A file either resolves into a [`Config`] whose
+//! refusal described in docs/configuration.md. A file either resolves into a [`Config`] whose
 //! invariants hold, or is refused with one [`ConfigError`] naming the file,
 //! the line where known, and the key.
 

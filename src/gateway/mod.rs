@@ -126,7 +126,9 @@ pub(crate) async fn run(
         config.tls.is_some(),
     );
     let (coordinator, store) = start_coordinator(&config, advertise.clone(), &events).await?;
-    let states = worker_states(&config, &coordinator, &events, workers)?;
+    // One bound on held requests for the whole process.
+    let holds = Holds::new(config.proxy.hold_timeout, config.proxy.max_held);
+    let states = worker_states(&config, &coordinator, &holds, &events, workers)?;
     tracing::info!(
         instance = coordinator.instance_id(),
         listen = %bound,
@@ -147,6 +149,7 @@ pub(crate) async fn run(
         coordinator.clone(),
         metrics,
         config.proxy.cluster_secret.is_some(),
+        holds,
         admin_shutdown,
     ));
     let workers = Workers::start(listeners, states, &tracker, limits, tls).map_err(|source| {
@@ -193,11 +196,10 @@ async fn start_coordinator(
 fn worker_states(
     config: &Config,
     coordinator: &Coordinator,
+    holds: &Arc<Holds>,
     events: &Option<Arc<EventLog>>,
     workers: usize,
 ) -> Result<Vec<Arc<GatewayState>>, GatewayError> {
-    // One bound on held requests for the whole process.
-    let holds = Holds::new(config.proxy.hold_timeout, config.proxy.max_held);
     (0..workers)
         .map(|_| {
             let f = forwarder(config)?;

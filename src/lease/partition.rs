@@ -1,4 +1,4 @@
-//! Partition hashing (SPEC 5): `xxh64(seed 0, bytes) mod count`, where
+//! Partition hashing (docs/partitions.md): `xxh64(seed 0, bytes) mod count`, where
 //! `bytes` is the key, or `scope ++ 0x00 ++ key` for a scoped route.
 //! Stable across versions and languages; see `docs/partitions.md`.
 

@@ -23,7 +23,9 @@ use crate::store::{InstanceInfo, LeaseStore};
 /// they can no longer; `at` is on the monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LeaseEvent {
-    /// A new term is about to become visible to readers.
+    /// A term is about to become visible to readers: a new one, or one this
+    /// instance failed closed on and resumed with the same token because
+    /// the store kept its grant through the gap.
     Began {
         /// This instance's id.
         instance: Arc<str>,

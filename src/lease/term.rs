@@ -131,6 +131,16 @@ impl Terms {
         }
     }
 
+    /// Lets term `token` of role `i` admit work again: it failed closed here
+    /// and the store kept it, so the same term resumes. Work it admitted
+    /// before the gap stays ended.
+    pub(super) fn reopen(&self, i: usize, token: u64) {
+        let mut slot = self.slot(i);
+        if slot.ended_through == token && slot.token <= token {
+            slot.ended_through = token.saturating_sub(1);
+        }
+    }
+
     /// Ends the work of term `token` of role `i` (and of any older term).
     pub(super) fn end(&self, i: usize, token: u64, reason: TermEndReason) {
         let mut slot = self.slot(i);
@@ -165,6 +175,28 @@ mod tests {
         assert!(
             !terms.signals(0, 8, false).over.is_cancelled(),
             "a new term starts fresh"
+        );
+    }
+
+    #[test]
+    fn a_resumed_term_admits_new_work_and_keeps_the_old_work_ended() {
+        let terms = Terms::new(1);
+        let before = terms.signals(0, 7, false);
+        terms.end(0, 7, TermEndReason::FailClose);
+        assert!(terms.signals(0, 7, false).over.is_cancelled());
+        terms.reopen(0, 7);
+        let after = terms.signals(0, 7, false);
+        assert!(!after.over.is_cancelled(), "the resumed term admits work");
+        assert!(before.over.is_cancelled(), "work from before the gap stays ended");
+        assert!(
+            terms.signals(0, 6, false).over.is_cancelled(),
+            "an older term stays ended"
+        );
+        terms.end(0, 8, TermEndReason::Lost);
+        terms.reopen(0, 7);
+        assert!(
+            terms.signals(0, 7, false).over.is_cancelled(),
+            "a term older than one already ended never reopens"
         );
     }
 }

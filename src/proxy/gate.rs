@@ -1,4 +1,4 @@
-//! The holder decision of SPEC 6.2, shared by the gateway and the tower
+//! The holder decision (docs/proxy.md), shared by the gateway and the tower
 //! layers: missing key → 400; held here → local; already forwarded → 503;
 //! holder unknown or this instance → 503; else forward one hop.
 
@@ -609,7 +609,8 @@ impl GateSettings {
                 return Settled::Answered(resp, outcome);
             }
             if held.is_none() {
-                match self.holds.enter() {
+                let role = problem.role.clone().unwrap_or_else(|| Arc::from("?"));
+                match self.holds.enter(role) {
                     Some(slot) => held = Some(slot),
                     None => {
                         metrics::counter!(crate::telemetry::HOLD_OUTCOMES, "outcome" => "hold_full")

@@ -11,25 +11,44 @@
 //! a hop with a body waits for the holder's `100 Continue` (its admission)
 //! before the first poll.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use futures_util::task::AtomicWaker;
 
 use crate::telemetry;
 
-/// The bounds of holding, shared by every request of a process.
+/// The bounds of holding, shared by every request of a process, and what is
+/// held now per role.
 #[derive(Debug)]
 pub struct Holds {
     /// `proxy.hold_timeout` (zero: answer 503 at once).
     pub timeout: Duration,
     max: usize,
     now: AtomicUsize,
+    /// Per role, the requests held since none were: one episode per move
+    /// of the role as this instance sees it.
+    roles: Mutex<HashMap<Arc<str>, Episode>>,
+}
+
+/// The requests of one role held since none were, and how their holds ended.
+#[derive(Debug)]
+struct Episode {
+    now: usize,
+    started: Instant,
+    held: usize,
+    longest: Duration,
+    local: usize,
+    forwarded: usize,
+    timed_out: usize,
+    /// The client went away while held.
+    gone: usize,
 }
 
 impl Holds {
@@ -39,11 +58,13 @@ impl Holds {
             timeout,
             max,
             now: AtomicUsize::new(0),
+            roles: Mutex::default(),
         })
     }
 
-    /// A place among the held requests, unless `max_held` are held already.
-    pub(crate) fn enter(self: &Arc<Self>) -> Option<HeldSlot> {
+    /// A place among the held requests of `role`, unless `max_held` are
+    /// held already.
+    pub(crate) fn enter(self: &Arc<Self>, role: Arc<str>) -> Option<HeldSlot> {
         let mut n = self.now.load(Ordering::Relaxed);
         loop {
             if n >= self.max {
@@ -58,10 +79,68 @@ impl Holds {
             }
         }
         metrics::gauge!(telemetry::HELD_REQUESTS).increment(1.0);
+        let since = Instant::now();
+        let mut roles = self.roles();
+        let e = roles.entry(role.clone()).or_insert_with(|| Episode {
+            now: 0,
+            started: since,
+            held: 0,
+            longest: Duration::ZERO,
+            local: 0,
+            forwarded: 0,
+            timed_out: 0,
+            gone: 0,
+        });
+        e.now += 1;
+        e.held += 1;
         Some(HeldSlot {
             holds: self.clone(),
-            since: std::time::Instant::now(),
+            since,
+            role,
+            outcome: None,
         })
+    }
+
+    /// The requests held now, per role (roles with none left out).
+    pub fn held_by_role(&self) -> HashMap<Arc<str>, usize> {
+        self.roles().iter().map(|(r, e)| (r.clone(), e.now)).collect()
+    }
+
+    fn roles(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Episode>> {
+        self.roles.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// One held request of `role` ended with `outcome`. The last one of an
+    /// episode says in one line how many were held, for how long, and where
+    /// they went.
+    fn leave(&self, role: &Arc<str>, held_for: Duration, outcome: Option<&'static str>) {
+        let mut roles = self.roles();
+        let Some(e) = roles.get_mut(role) else {
+            return;
+        };
+        e.now -= 1;
+        e.longest = e.longest.max(held_for);
+        match outcome {
+            Some("held_then_local") => e.local += 1,
+            Some("held_then_forwarded") => e.forwarded += 1,
+            Some(_) => e.timed_out += 1,
+            None => e.gone += 1,
+        }
+        if e.now == 0 {
+            if let Some(e) = roles.remove(role) {
+                tracing::info!(
+                    %role,
+                    held = e.held,
+                    longest_ms = e.longest.as_millis() as u64,
+                    over_ms = e.started.elapsed().as_millis() as u64,
+                    served_here = e.local,
+                    forwarded = e.forwarded,
+                    timed_out = e.timed_out,
+                    client_gone = e.gone,
+                    "requests held while the role had no servable holder were released"
+                );
+            }
+        }
     }
 }
 
@@ -69,15 +148,18 @@ impl Holds {
 #[derive(Debug)]
 pub(crate) struct HeldSlot {
     holds: Arc<Holds>,
-    since: std::time::Instant,
+    since: Instant,
+    role: Arc<str>,
+    outcome: Option<&'static str>,
 }
 
 impl HeldSlot {
     /// Records how the hold ended (`held_then_local`, `held_then_forwarded`,
     /// `hold_timeout`) and how long it lasted.
-    pub(crate) fn done(self, outcome: &'static str) {
+    pub(crate) fn done(mut self, outcome: &'static str) {
         metrics::histogram!(telemetry::HOLD_SECONDS).record(self.since.elapsed().as_secs_f64());
         metrics::counter!(telemetry::HOLD_OUTCOMES, "outcome" => outcome).increment(1);
+        self.outcome = Some(outcome);
     }
 }
 
@@ -85,6 +167,8 @@ impl Drop for HeldSlot {
     fn drop(&mut self) {
         self.holds.now.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!(telemetry::HELD_REQUESTS).decrement(1.0);
+        self.holds
+            .leave(&self.role, self.since.elapsed(), self.outcome);
     }
 }
 

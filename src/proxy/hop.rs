@@ -1,4 +1,4 @@
-//! The hop marker (SPEC 6.3, 6.4): `X-Rolegate-Hop: <origin instance id>`, or
+//! The hop marker (docs/proxy.md): `X-Rolegate-Hop: <origin instance id>`, or
 //! with a cluster secret `<origin>;t=<unix seconds>;sig=<hex HMAC-SHA256>` over
 //! origin, method, path and timestamp. A marker that does not verify is
 //! dropped and the request treated as fresh.

@@ -20,13 +20,16 @@ struct ClaimOutcome {
     renewed: Vec<(usize, u64, Instant)>,
     /// New terms begun.
     acquired: Vec<(RoleName, u64)>,
+    /// Lapsed terms the store still kept, resumed with their token.
+    resumed: Vec<(RoleName, u64)>,
 }
 
 impl HeartbeatLoop {
     pub(super) async fn claim(&mut self) {
         let shared = self.shared.clone();
-        // A term whose deadline passed during the snapshot read is over: never
-        // revive it with its old token.
+        // A term whose deadline passed during the snapshot read fails closed
+        // now; this claim offers its token (the store resumes it only if it
+        // kept it unexpired).
         self.expire_local(Instant::now());
         let (claims, which) = self.claims_due();
         if claims.is_empty() {
@@ -72,6 +75,9 @@ impl HeartbeatLoop {
             }
             tracing::info!(count = outcome.acquired.len(), roles = %names.join(", "), "acquired roles");
         }
+        for (role, token) in &outcome.resumed {
+            tracing::info!(%role, token, "the store kept this instance's term through the gap; resumed it (same token)");
+        }
         if self.shared.has_hook() {
             for (i, token, until) in outcome.renewed {
                 self.emit(LeaseEvent::Renewed {
@@ -86,7 +92,8 @@ impl HeartbeatLoop {
 
     /// The roles to claim this tick: every held one (renewal), and, unless
     /// draining (which keeps what it holds but takes nothing new), every
-    /// free one whose next attempt is due.
+    /// free one whose next attempt is due; a lapsed term's token goes with
+    /// its claim, so the store resumes that term if it still keeps it.
     fn claims_due(&self) -> (Vec<Claim>, Vec<usize>) {
         let now = Instant::now();
         let draining = self.shared.is_draining();
@@ -99,7 +106,7 @@ impl HeartbeatLoop {
                 let meta = self.shared.role(i);
                 claims.push(Claim::renewable(
                     meta.name.clone(),
-                    held_token,
+                    held_token.or(r.lapsed),
                     meta.timings.duration,
                 ));
                 which.push(i);
@@ -131,7 +138,20 @@ impl HeartbeatLoop {
                             outcome.renewed.push((i, token, deadline));
                         }
                     }
+                    None if self.roles[i].lapsed == Some(token) => {
+                        // The store kept the lapsed term: the same term resumes.
+                        self.roles[i].lapsed = None;
+                        shared.terms().reopen(i, token);
+                        self.roles[i].held = Some(HeldTerm {
+                            token,
+                            held_until: deadline,
+                            started: t_recv,
+                            published: false,
+                        });
+                        outcome.resumed.push((meta.name.clone(), token));
+                    }
                     _ => {
+                        self.roles[i].lapsed = None;
                         // A new term. An older one still believed ends with this publish.
                         self.end_term(i, TermEndReason::Lost);
                         Counters::bump(&shared.counters().term_changes);
@@ -157,13 +177,14 @@ impl HeartbeatLoop {
                 st.holder_valid_until = Some(t_sent + meta.timings.duration);
             }
             Some(token) => {
-                // Late: the grant may already be unsafe to act on. Abandon the term;
-                // the next claim asks for a fresh one (the store still names this
-                // instance, so it is granted at once).
+                // Late: the grant may already be unsafe to act on. Fail closed;
+                // the next claim offers the token, and resumes the term if the
+                // store still keeps it (else a new one is granted at once).
                 Counters::bump(&shared.counters().late_responses);
                 outcome.tally.add(renewing, "late");
-                tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; abandoning the term");
+                tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; failing closed until the next claim");
                 self.end_term(i, TermEndReason::FailClose);
+                self.roles[i].lapsed = Some(token);
                 self.roles[i].state.token = token;
                 self.roles[i].state.holder = Some(shared.instance_id().clone());
             }

@@ -7,6 +7,14 @@
 //! the local belief always ends at least `safety_margin` before anyone else
 //! can be granted the role. A response that arrives after that deadline is
 //! discarded and its term abandoned.
+//!
+//! A term abandoned that way (a fail-close: a store gap, a late answer) is
+//! *lapsed*, not gone: the next claim offers its token, and the store keeps
+//! it only while it still names this instance with that token, unexpired by
+//! the store's own clock (etcd: the same key revision on the same lease).
+//! Then the same term resumes: nobody else can have held the role
+//! meanwhile, and a leader election or a database blip shorter than the
+//! lease costs no new term. Otherwise the store starts a new term.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,6 +54,9 @@ struct LoopRole {
     gauge_held: Option<bool>,
     /// Since when the store has shown the role without a live holder.
     free_since: Option<Instant>,
+    /// The token of a term that failed closed here and that the store may
+    /// still keep: the next claim offers it, to resume that term.
+    lapsed: Option<u64>,
 }
 
 pub(super) struct HeartbeatLoop {
@@ -82,6 +93,7 @@ impl HeartbeatLoop {
                 },
                 gauge_held: None,
                 free_since: None,
+                lapsed: None,
             })
             .collect();
         Self {
@@ -125,8 +137,12 @@ impl HeartbeatLoop {
             let now = Instant::now();
             let mut next = now + self.shared.tick_every();
             if !self.store_ok {
-                // Retry sooner while the store is failing, but not in a hot loop.
-                next = now + (self.shared.tick_every() / 2).max(Duration::from_millis(50));
+                // Retry sooner while the store is failing, but not in a hot
+                // loop; sooner still with a lapsed term, which resumes only
+                // if its claim reaches the store before the lease expires.
+                let lapsed = self.roles.iter().any(|r| r.lapsed.is_some());
+                let every = self.shared.tick_every() / if lapsed { 10 } else { 2 };
+                next = now + every.max(Duration::from_millis(50));
             } else if !self.read_ok {
                 // The store failed the read but answered the claim: it is back
                 // (an etcd quorum returning). Read it again soon, so readiness
@@ -226,6 +242,7 @@ impl HeartbeatLoop {
             // already stopped it, before this).
             self.shared.terms().end(i, h.token, reason);
             self.roles[i].next_attempt = Instant::now();
+            self.roles[i].lapsed = (reason == TermEndReason::FailClose).then_some(h.token);
             if h.published {
                 self.ended.push((i, h));
             }
@@ -327,6 +344,10 @@ impl HeartbeatLoop {
                 }
             }
             let r = &mut self.roles[i];
+            if r.lapsed.is_some_and(|t| !mine || rec.token != t) {
+                // Another term, or a release: the lapsed one cannot resume.
+                r.lapsed = None;
+            }
             r.state.holder = rec.holder.as_deref().map(Arc::from);
             r.state.holder_address = rec.holder_address.as_deref().map(Arc::from);
             r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
