@@ -53,10 +53,20 @@ async fn connections_spread_over_every_worker_and_a_second_process_is_refused() 
     }
     assert_eq!(app.executed_paths().len(), 300);
 
-    // Another gateway configured on the same port fails to start.
+    // Another gateway configured on the same port fails to start (the first
+    // bound port 0: the second names the port it got).
+    let text = std::fs::read_to_string(gw.config_path()).unwrap();
+    let same_port = text.replacen(
+        "\nlisten: 127.0.0.1:0\n",
+        &format!("\nlisten: 127.0.0.1:{}\n", gw.port),
+        1,
+    );
+    assert_ne!(same_port, text, "{text}");
+    let second_config = gw.dir.join("same-port.yaml");
+    std::fs::write(&second_config, same_port).unwrap();
     let second = std::process::Command::new(cluster::bin())
         .args(["run", "--workers", "2", "--config"])
-        .arg(gw.config_path())
+        .arg(&second_config)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&second.stderr);
