@@ -699,12 +699,11 @@ def render(res, args):
         T.append("Section times: " + ", ".join("%s %s" % (k.replace("_", " "), dur(v)) for k, v in times.items())
                  + (("; build %s" % dur(args.build_seconds)) if args.build_seconds is not None else "") + ".")
         T.append("")
-    # What the profiles say is left where a target is missed: measured by
-    # hand (heaptrack, perf), so kept in a file of its own.
-    gaps = os.path.join(ROOT, "docs", "benchmarks-gaps.md")
-    if os.path.exists(gaps):
-        with open(gaps) as f:
-            T += f.read().rstrip().split("\n") + [""]
+    # What the measurements say about each miss is in "What is left" at the
+    # end of the page (docs/benchmarks-left.md).
+    left = os.path.join(ROOT, "docs", "benchmarks-left.md")
+    if os.path.exists(left):
+        T += ["Where a target is missed, [What is left](#what-is-left) at the end of the page says what the measurements show.", ""]
     at = L.index("## 1. Request path")
     L[at:at] = T
     w("## Reproduce")
@@ -730,11 +729,11 @@ def render(res, args):
             with open(included) as f:
                 w(f.read().rstrip())
             w("")
-    # Before/after rows of request-path work are kept in a file of their own,
-    # so regenerating this page does not lose them.
-    history = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "benchmarks-history.md")
-    if os.path.exists(history):
-        with open(history) as f:
+    # What is left (open gaps, what a measurement could not show, the
+    # before/after figures that still matter) is measured by hand and kept in
+    # a file of its own, so regenerating this page does not lose it.
+    if os.path.exists(left):
+        with open(left) as f:
             w(f.read().rstrip())
         w("")
     return "\n".join(L)
