@@ -536,7 +536,11 @@ async fn leader_faults_keep_every_token(fault: Fault) {
     );
     for (instance, role, token) in &resumed {
         let was = before.iter().find(|(r, _)| r == role).map(|(_, t)| *t);
-        assert_eq!(Some(*token), was, "{instance} began {role} with a new token");
+        assert_eq!(
+            Some(*token),
+            was,
+            "{instance} began {role} with a new token"
+        );
     }
     assert!(
         !resumed.is_empty(),

@@ -187,7 +187,10 @@ mod tests {
         terms.reopen(0, 7);
         let after = terms.signals(0, 7, false);
         assert!(!after.over.is_cancelled(), "the resumed term admits work");
-        assert!(before.over.is_cancelled(), "work from before the gap stays ended");
+        assert!(
+            before.over.is_cancelled(),
+            "work from before the gap stays ended"
+        );
         assert!(
             terms.signals(0, 6, false).over.is_cancelled(),
             "an older term stays ended"

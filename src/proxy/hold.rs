@@ -103,7 +103,10 @@ impl Holds {
 
     /// The requests held now, per role (roles with none left out).
     pub fn held_by_role(&self) -> HashMap<Arc<str>, usize> {
-        self.roles().iter().map(|(r, e)| (r.clone(), e.now)).collect()
+        self.roles()
+            .iter()
+            .map(|(r, e)| (r.clone(), e.now))
+            .collect()
     }
 
     fn roles(&self) -> std::sync::MutexGuard<'_, HashMap<Arc<str>, Episode>> {

@@ -131,6 +131,7 @@ impl HeartbeatLoop {
         match granted {
             Some(token) if t_recv < deadline => {
                 outcome.tally.add(renewing, "granted");
+                let lapsed = self.roles[i].lapsed;
                 match self.roles[i].held {
                     Some(ref mut h) if h.token == token => {
                         h.held_until = deadline;
@@ -138,7 +139,7 @@ impl HeartbeatLoop {
                             outcome.renewed.push((i, token, deadline));
                         }
                     }
-                    None if self.roles[i].lapsed == Some(token) => {
+                    None if lapsed == Some(token) => {
                         // The store kept the lapsed term: the same term resumes.
                         self.roles[i].lapsed = None;
                         shared.terms().reopen(i, token);
