@@ -278,7 +278,7 @@ async fn held_requests_show_per_role_and_each_move_logs_one_line() {
     let page = String::from_utf8_lossy(&page);
     assert!(page.contains("1 requests held"), "{page}");
     let (status, _, _) = request.await.unwrap().unwrap();
-    assert_eq!(status, 200, "{}", gws[1].log());
+    assert_eq!(status, 201, "{}", gws[1].log());
     assert_eq!(apps[1].executed().len(), 1, "run once, at the successor");
     assert_eq!(held().await, Some(0));
     let log = gws[1].log();
