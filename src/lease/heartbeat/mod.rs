@@ -370,6 +370,21 @@ impl HeartbeatLoop {
 
     fn publish(&mut self) {
         let now = Instant::now();
+        // A term whose deadline has passed ended for every reader at that
+        // deadline (readers judge it at use): its `Ended` goes out first, so
+        // it precedes the `Began` of the same term resumed in this tick.
+        let (past, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.ended)
+            .into_iter()
+            .partition(|(_, h)| h.held_until <= now);
+        self.ended = rest;
+        for (i, h) in past {
+            self.emit(LeaseEvent::Ended {
+                instance: self.shared.instance_id().clone(),
+                role: self.roles[i].state.name.clone(),
+                token: h.token,
+                at: h.held_until.max(h.started),
+            });
+        }
         let mut began = Vec::new();
         // A term's interval starts when readers can first see it: now, just
         // before the store below.
