@@ -835,6 +835,7 @@ class Bench:
         out = {}
         for kind, sig in (("graceful", signal.SIGTERM), ("crash", signal.SIGKILL)):
             times, failures, lease_times, errors_seen, slowest = [], 0, [], [], []
+            in_flight_seen, other_failed = [], []
             for i in range(n):
                 other = "B" if holder == "A" else "A"
                 # Precondition: the other gateway forwards to the holder.
@@ -847,7 +848,7 @@ class Bench:
                 limit = 5.0 if kind == "graceful" else bound_ms / 1000.0 + 3.0
                 t0 = time.monotonic()
                 os.kill(p.pid, sig)
-                done, errs, longest = None, 0, 0.0
+                done, errs, longest, in_flight = None, 0, 0.0, 0
                 while time.monotonic() - t0 < limit:
                     sent = time.monotonic()
                     try:
@@ -860,12 +861,18 @@ class Bench:
                             break
                         if r.status != 200:
                             errs += 1
+                            # A reset after the request reached the dying
+                            # holder: it may have run, so it is never re-sent.
+                            if b'"reason":"holder-unreachable"' in body:
+                                in_flight += 1
                     except (OSError, http.client.HTTPException):
                         errs += 1
                         conn.close()
                         conn = http.client.HTTPConnection("127.0.0.1", slots[other]["port"], timeout=5)
                     time.sleep(0.002)
                 conn.close()
+                in_flight_seen.append(in_flight)
+                other_failed.append(errs - in_flight)
                 if done is None:
                     failures += 1
                 else:
@@ -892,7 +899,10 @@ class Bench:
                          "min_ms": s[0] if s else None, "max_ms": s[-1] if s else None,
                          "median_failed_requests": med(errors_seen), "max_failed_requests": max(errors_seen or [0]),
                          "slowest_p50_ms": pctl(sl, 50), "slowest_p99_ms": pctl(sl, 99),
-                         "slowest_max_ms": sl[-1] if sl else None}
+                         "slowest_max_ms": sl[-1] if sl else None,
+                         "max_in_flight": max(in_flight_seen or [0]),
+                         "transitions_with_in_flight": sum(1 for x in in_flight_seen if x),
+                         "max_other_failed": max(other_failed or [0])}
             log("%s: p50 %s p99 %s (%d/%d), failed requests max %d, slowest request p99 %s" % (
                 kind, fmt_ms(out[kind]["p50_ms"]), fmt_ms(out[kind]["p99_ms"]), len(times), n,
                 out[kind]["max_failed_requests"], fmt_ms(out[kind]["slowest_p99_ms"])))

@@ -116,6 +116,16 @@ def render_handover(ho, args):
     w("until the successor held the role, then ran there, so its latency is the time a client saw the move")
     w("add. Before holding (wave two) a graceful handover failed 6 requests (median; max 11) and a crash 353.")
     w("")
+    c = ho["crash"]
+    if "max_in_flight" in c:
+        w("Of the crash's failed requests, %d transitions of %d had one that was already on its way: the"
+          % (c["transitions_with_in_flight"], c["n"]))
+        w("poller sends its next request in the instant the holder is killed, its bytes reach the dying")
+        w("holder's socket, and the connection is reset after the request was written (503")
+        w("`holder-unreachable`). The gateway cannot prove such a request did not run, so it is never sent")
+        w("again. At most %d such request per transition; at most %d failed requests of any other kind."
+          % (c["max_in_flight"], c["max_other_failed"]))
+        w("")
     b = ho.get("balance")
     if b:
         w("Balance moves: a 4-role partition over gateways A and B (2/2). B leaves (SIGTERM: its two roles")
@@ -133,10 +143,14 @@ def render_handover(ho, args):
                 fmt_ms(r["slowest_p50_ms"]), fmt_ms(r["slowest_max_ms"]), fmt_ms(r["transition_p50_ms"])))
         w("")
     g, c = ho["graceful"], ho["crash"]
-    failed = max(g["max_failed_requests"], c["max_failed_requests"],
-                 *(b[k]["failed_max"] for k in ("leave", "join")) if b else [0])
+    # A crash's request already written to the dying holder fails by rule
+    # (it may have run); every other failure counts.
+    crash_failed = c.get("max_other_failed", c["max_failed_requests"])
+    balance_failed = [b[k]["failed_max"] for k in ("leave", "join")] if b else [0]
+    failed = max(g["max_failed_requests"], crash_failed, *balance_failed)
     w("Targets: graceful handover p99 < 50 ms: %s (p99 %s); crash failover p99 within duration + renew"
-      " interval (%d ms): %s (p99 %s); 0 requests failed per transition: %s (worst %d)." % (
+      " interval (%d ms): %s (p99 %s); 0 requests failed per transition, beside a crash's request"
+      " already written to the dying holder: %s (worst %d)." % (
           yes(g["p99_ms"] is not None and g["p99_ms"] < 50 and not g["failed"]), fmt_ms(g["p99_ms"]),
           ho["bound_ms"], yes(c["p99_ms"] is not None and c["p99_ms"] <= ho["bound_ms"] and not c["failed"]),
           fmt_ms(c["p99_ms"]), yes(failed == 0), failed))
@@ -570,6 +584,14 @@ def render(res, args):
         with open(HANDOVER_FILE) as f:
             w(f.read().rstrip())
         w("")
+    ho = res["sections"].get("handover")
+    if ho and "error" not in ho:
+        g, c = ho["graceful"], ho["crash"]
+        targets.append(("graceful handover p99 < 50 ms", "p99 %s over %d transitions" % (fmt_ms(g["p99_ms"]), g["ok"]),
+                        (g["p99_ms"] is not None and g["p99_ms"] < 50 and not g["failed"])))
+        targets.append(("crash failover p99 within duration + renew interval (%d ms)" % ho["bound_ms"],
+                        "p99 %s over %d transitions" % (fmt_ms(c["p99_ms"]), c["ok"]),
+                        (c["p99_ms"] is not None and c["p99_ms"] <= ho["bound_ms"] and not c["failed"])))
 
     # ---------------------------------------------------------------- store cost
     st = res["sections"].get("store")
