@@ -607,3 +607,217 @@ async fn every_row_is_completed_once_while_workers_are_killed_and_paused_on_sqli
     let url = format!("sqlite://{}", dir.path().join("work.db").display());
     workers_survive_kill_and_pause(&db, &url, &table).await;
 }
+
+/// A table `table` with an id of SQL type `id_type`, the lock columns and a
+/// status, holding three pending rows with ids `ids`.
+async fn custom_table(db: &Db, table: &str, id_type: &str, ids: [&str; 3]) {
+    let until = match db {
+        Db::Pg(_) => "timestamptz",
+        Db::Lite(_) => "INTEGER",
+    };
+    db.exec(&format!(
+        "CREATE TABLE {table} (id {id_type} PRIMARY KEY, status TEXT NOT NULL DEFAULT 'pending', lock_id TEXT, locked_until {until})"
+    ))
+    .await;
+    for id in ids {
+        db.exec(&format!("INSERT INTO {table} (id) VALUES ({id})"))
+            .await;
+    }
+}
+
+fn queue(db: &Db, table: WorkTable) -> WorkQueue {
+    match db {
+        Db::Pg(p) => WorkQueue::postgres(p.clone(), table),
+        Db::Lite(p) => WorkQueue::sqlite(p.clone(), table),
+    }
+}
+
+async fn lite_db() -> (Db, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+    (Db::Lite(sqlx::SqlitePool::connect(&url).await.unwrap()), dir)
+}
+
+async fn pg_db() -> Db {
+    Db::Pg(sqlx::PgPool::connect(&support::postgres_url()).await.unwrap())
+}
+
+/// A text id is refused before the claim locks anything (it used to lock
+/// the rows, use an attempt, and then fail to read their ids).
+async fn a_text_id_is_refused_before_any_row_is_locked(db: &Db, table: &str) {
+    custom_table(db, table, "TEXT", ["'a'", "'b'", "'c'"]).await;
+    let q = queue(
+        db,
+        WorkTable::new(table).unwrap().eligible("status = 'pending'"),
+    );
+    let err = q.claim(10, LONG).await.unwrap_err().to_string();
+    assert!(
+        err.contains("the id column `id`") && err.contains("must be an integer"),
+        "{err}"
+    );
+    let locked = db
+        .int(&format!(
+            "SELECT CAST(count(*) AS BIGINT) FROM {table} WHERE lock_id IS NOT NULL"
+        ))
+        .await;
+    assert_eq!(locked, 0, "a refused claim locked rows");
+    // A missing table is named too.
+    let q = queue(db, WorkTable::new("no_such_work_table").unwrap());
+    let err = q.claim(1, LONG).await.unwrap_err().to_string();
+    assert!(err.contains("`no_such_work_table` does not exist"), "{err}");
+}
+
+#[tokio::test]
+async fn a_text_id_is_refused_before_any_row_is_locked_on_postgres() {
+    let db = pg_db().await;
+    a_text_id_is_refused_before_any_row_is_locked(&db, &support::unique_table("work_textid"))
+        .await;
+}
+
+#[tokio::test]
+async fn a_text_id_is_refused_before_any_row_is_locked_on_sqlite() {
+    let (db, _dir) = lite_db().await;
+    a_text_id_is_refused_before_any_row_is_locked(&db, "work_textid").await;
+}
+
+/// A `serial` (int4) id is read back and finalized like a bigint one.
+#[tokio::test]
+async fn an_integer_id_on_postgres_is_claimed_and_completed() {
+    let db = pg_db().await;
+    let table = support::unique_table("work_int4");
+    custom_table(&db, &table, "integer", ["1", "2", "3"]).await;
+    let q = queue(
+        &db,
+        WorkTable::new(&table)
+            .unwrap()
+            .eligible("status = 'pending'")
+            .on_complete("status = 'done'"),
+    );
+    let claimed = q.claim(10, LONG).await.unwrap().ids();
+    assert_eq!(claimed.iter().map(|c| c.0).collect::<Vec<_>>(), [1, 2, 3]);
+    assert!(q.complete(claimed[0].0, &claimed[0].1).await.unwrap());
+}
+
+/// An `on_complete` that leaves the row eligible is an error at the first
+/// complete (it used to run the same row again and again).
+async fn a_complete_that_leaves_the_row_eligible_is_an_error(db: &Db, table: &str) {
+    custom_table(db, table, "INTEGER", ["1", "2", "3"]).await;
+    let q = queue(
+        db,
+        WorkTable::new(table)
+            .unwrap()
+            .eligible("status = 'pending'")
+            .on_complete("status = 'pending'"),
+    );
+    let claimed = q.claim(10, LONG).await.unwrap().ids();
+    let err = q
+        .complete(claimed[0].0, &claimed[0].1)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("on_complete leaves the row eligible (`status = 'pending'`"),
+        "{err}"
+    );
+    let ids: Vec<i64> = claimed[1..].iter().map(|c| c.0).collect();
+    let err = q.complete_all(&ids, &claimed[1].1).await.unwrap_err();
+    assert!(err.to_string().contains("on_complete leaves"), "{err}");
+    // One that ends the row is fine.
+    let fixed = queue(
+        db,
+        WorkTable::new(table)
+            .unwrap()
+            .eligible("status = 'pending'")
+            .on_complete("status = 'done'"),
+    );
+    db.exec(&format!("UPDATE {table} SET lock_id = NULL, locked_until = NULL"))
+        .await;
+    let claimed = fixed.claim(10, LONG).await.unwrap().ids();
+    assert_eq!(claimed.len(), 3);
+    assert!(fixed.complete(claimed[0].0, &claimed[0].1).await.unwrap());
+    let rest: Vec<i64> = claimed[1..].iter().map(|c| c.0).collect();
+    assert_eq!(fixed.complete_all(&rest, &claimed[1].1).await.unwrap(), rest);
+}
+
+#[tokio::test]
+async fn a_complete_that_leaves_the_row_eligible_is_an_error_on_postgres() {
+    let db = pg_db().await;
+    a_complete_that_leaves_the_row_eligible_is_an_error(&db, &support::unique_table("work_elig"))
+        .await;
+}
+
+#[tokio::test]
+async fn a_complete_that_leaves_the_row_eligible_is_an_error_on_sqlite() {
+    let (db, _dir) = lite_db().await;
+    a_complete_that_leaves_the_row_eligible_is_an_error(&db, "work_elig").await;
+}
+
+/// `fail_after` sets the retry time by the database clock: a row failed
+/// with no delay is claimable at once, one failed for an hour is not.
+async fn fail_after_uses_the_database_clock(db: &Db, q: &WorkQueue) {
+    let claimed = q.claim(2, LONG).await.unwrap().ids();
+    assert!(q
+        .fail_after(claimed[0].0, &claimed[0].1, Duration::ZERO)
+        .await
+        .unwrap());
+    assert!(q
+        .fail_after(claimed[1].0, &claimed[1].1, Duration::from_secs(3600))
+        .await
+        .unwrap());
+    let again = q.claim(10, LONG).await.unwrap().ids();
+    assert!(
+        again.iter().any(|c| c.0 == claimed[0].0),
+        "failed with no delay, claimable at once: {again:?}"
+    );
+    assert!(
+        again.iter().all(|c| c.0 != claimed[1].0),
+        "failed for an hour, claimable now: {again:?}"
+    );
+    let _ = db;
+}
+
+#[tokio::test]
+async fn fail_after_uses_the_database_clock_on_postgres() {
+    let (db, q, _table) = postgres("work_failafter", 3).await;
+    fail_after_uses_the_database_clock(&db, &q).await;
+}
+
+#[tokio::test]
+async fn fail_after_uses_the_database_clock_on_sqlite() {
+    let (db, q, _table, _dir) = sqlite("work_failafter", 3).await;
+    fail_after_uses_the_database_clock(&db, &q).await;
+}
+
+/// `claim_held` over a coordinator whose lease store was never migrated
+/// says so (it used to claim nothing forever, without an error).
+#[tokio::test]
+async fn claim_held_on_an_unmigrated_lease_store_is_an_error() {
+    let (_db, q, _table) = postgres("work_unmig", 3).await;
+    let store = rolegate::store::PostgresStore::connect(
+        &support::postgres_url(),
+        &support::unique_table("never_migrated"),
+    )
+    .await
+    .unwrap();
+    let t = LeaseTimings {
+        duration: Duration::from_millis(900),
+        renew_interval: Duration::from_millis(200),
+        safety_margin: Duration::from_millis(200),
+    };
+    let c = CoordinatorBuilder::new(Arc::new(store))
+        .instance_name("unmigrated")
+        .partition("outbox", 4, t)
+        .start()
+        .unwrap();
+    let p = c.partition("outbox").unwrap();
+    support::wait_for("the store error is known", Duration::from_secs(5), || {
+        matches!(p.store_unread(), Some(Some(_)))
+    })
+    .await;
+    let err = q.claim_held(&p, 5, LONG).await.unwrap_err().to_string();
+    assert!(
+        err.contains("the lease store has not been read"),
+        "{err}"
+    );
+    c.shutdown().await;
+}

@@ -39,6 +39,19 @@ pub enum WorkError {
     /// The database refused or failed the statement.
     #[error("work-row statement failed: {0}")]
     Database(#[from] sqlx::Error),
+    /// The table is missing, or its id column cannot carry the work's id.
+    /// Checked before the first claim, so no row is ever locked by a claim
+    /// whose ids could not be read back.
+    #[error("work table: {0}")]
+    Schema(String),
+    /// `on_complete` left the completed row eligible: it would be claimed
+    /// and run again. Fix the `SET` list or the predicate.
+    #[error("on_complete leaves the row eligible (`{0}` is still true after complete): the row would run again; make on_complete end it, or use delete_on_complete")]
+    StillEligible(String),
+    /// The lease store behind `claim_held`'s partition was never read (an
+    /// unmigrated or unreachable store): no role can be held.
+    #[error("claim_held: the lease store has not been read ({0}); run the store's migrate and check that it is reachable")]
+    LeaseStore(String),
 }
 
 /// Whether `s` is a plain SQL identifier, optionally schema-qualified.
@@ -207,11 +220,18 @@ fn claimed<R: sqlx::Row>(
 where
     for<'c> &'c str: sqlx::ColumnIndex<R>,
     i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i32: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i16: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     rows.into_iter()
         .map(|row| {
+            // `bigint`, `integer` or `smallint` (the schema check allows no other).
+            let id = row
+                .try_get::<i64, _>(id_col)
+                .or_else(|_| row.try_get::<i32, _>(id_col).map(i64::from))
+                .or_else(|_| row.try_get::<i16, _>(id_col).map(i64::from))?;
             Ok(Claimed {
-                id: row.try_get::<i64, _>(id_col)?,
+                id,
                 lock_id: lock.clone(),
                 row,
             })
@@ -226,7 +246,7 @@ fn new_lock_id() -> Arc<str> {
 }
 
 fn lease_secs(lease: Duration) -> Result<f64, WorkError> {
-    if lease.is_zero() || lease > Duration::from_secs(7 * 24 * 3600) {
+    if lease < Duration::from_millis(1) || lease > Duration::from_secs(7 * 24 * 3600) {
         return Err(WorkError::BadArgument(
             "lease must be between 1 ms and 7 days",
         ));
@@ -257,6 +277,8 @@ pub struct WorkQueue {
     pool: WorkPool,
     table: Arc<WorkTable>,
     sql: Arc<sql::Statements>,
+    /// Set once the table and its id column passed [`WorkQueue::check_schema`].
+    checked: Arc<tokio::sync::OnceCell<()>>,
 }
 
 /// The rows a claim returned, as the backend's own row type (read the app's
@@ -332,6 +354,7 @@ impl WorkQueue {
             pool: WorkPool::Postgres(pool),
             table: Arc::new(table),
             sql: Arc::new(sql),
+            checked: Arc::default(),
         }
     }
 
@@ -343,6 +366,7 @@ impl WorkQueue {
             pool: WorkPool::Sqlite(pool),
             table: Arc::new(table),
             sql: Arc::new(sql),
+            checked: Arc::default(),
         }
     }
 
@@ -385,6 +409,10 @@ impl WorkQueue {
                 "claim_held needs WorkTable::partition_column",
             ));
         }
+        if let Some(Some(error)) = partition.store_unread() {
+            // Failing, not starting: say so instead of claiming nothing forever.
+            return Err(WorkError::LeaseStore(error.to_string()));
+        }
         let held: Vec<i64> = (0..partition.count())
             .filter(|&i| partition.role(i).is_some_and(|r| r.is_held()))
             .map(i64::from)
@@ -414,6 +442,9 @@ impl WorkQueue {
             return Err(WorkError::BadArgument("batch must be between 1 and 10000"));
         }
         let secs = lease_secs(lease)?;
+        self.checked
+            .get_or_try_init(|| self.check_schema())
+            .await?;
         let lock = new_lock_id();
         let text = match partitions {
             Some(_) => &self.sql.claim_partitions,
@@ -479,9 +510,37 @@ impl WorkQueue {
     }
 
     /// The work is done: applies `on_complete` (or deletes the row) and
-    /// clears the lock. False if the lock id is no longer on the row.
+    /// clears the lock. False if the lock id is no longer on the row; an
+    /// error if the row is still eligible afterwards (it would run again).
     pub async fn complete(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
-        self.finalize(&self.sql.complete, id, lock_id, None).await
+        let text = &self.sql.complete;
+        let still: Option<Option<bool>> = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                sqlx::query_scalar(text)
+                    .bind(id)
+                    .bind(lock_id)
+                    .fetch_optional(pool)
+                    .await?
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                sqlx::query_scalar(text)
+                    .bind(id)
+                    .bind(lock_id)
+                    .fetch_optional(pool)
+                    .await?
+            }
+        };
+        match still {
+            None => Ok(false),
+            Some(Some(true)) => Err(self.still_eligible()),
+            Some(_) => Ok(true),
+        }
+    }
+
+    fn still_eligible(&self) -> WorkError {
+        WorkError::StillEligible(self.table.eligible.clone())
     }
 
     /// Completes several rows of one claim in one statement (fast work);
@@ -491,10 +550,10 @@ impl WorkQueue {
             return Ok(Vec::new());
         }
         let text = &self.sql.complete_many;
-        Ok(match &self.pool {
+        let done: Vec<(i64, Option<bool>)> = match &self.pool {
             #[cfg(feature = "postgres")]
             WorkPool::Postgres(pool) => {
-                sqlx::query_scalar::<_, i64>(text)
+                sqlx::query_as(text)
                     .bind(ids.to_vec())
                     .bind(lock_id)
                     .fetch_all(pool)
@@ -503,13 +562,17 @@ impl WorkQueue {
             #[cfg(feature = "sqlite")]
             WorkPool::Sqlite(pool) => {
                 let list = serde_json::to_string(ids).unwrap_or_else(|_| "[]".into());
-                sqlx::query_scalar::<_, i64>(text)
+                sqlx::query_as(text)
                     .bind(list)
                     .bind(lock_id)
                     .fetch_all(pool)
                     .await?
             }
-        })
+        };
+        if done.iter().any(|(_, still)| *still == Some(true)) {
+            return Err(self.still_eligible());
+        }
+        Ok(done.into_iter().map(|(id, _)| id).collect())
     }
 
     /// The work failed: sets the retry column to `retry_at`, applies
@@ -525,6 +588,94 @@ impl WorkQueue {
         };
         self.finalize(text, id, lock_id, Some(unix_ms(retry_at)?))
             .await
+    }
+
+    /// The work failed: like [`fail`](Self::fail), with the retry time
+    /// `delay` from now by the **database clock** (the clock the leases and
+    /// the eligible predicate use), not the app's.
+    pub async fn fail_after(
+        &self,
+        id: i64,
+        lock_id: &str,
+        delay: Duration,
+    ) -> Result<bool, WorkError> {
+        let Some(text) = &self.sql.fail_after else {
+            return Err(WorkError::BadArgument("fail needs WorkTable::on_fail"));
+        };
+        if delay > Duration::from_secs(365 * 24 * 3600) {
+            return Err(WorkError::BadArgument("retry delay must be under a year"));
+        }
+        let ms = delay.as_millis() as i64;
+        self.finalize(text, id, lock_id, Some(ms)).await
+    }
+
+    /// Checks, once, that the table exists and that its id column is an
+    /// integer the claim can read back (`bigint`, `integer` or `smallint`
+    /// on PostgreSQL; an `INT` type on SQLite). Without it, a claim would
+    /// lock rows and then fail to read their ids: stranded until the lease
+    /// runs out, an attempt used up, and no caller knowing the lock id.
+    async fn check_schema(&self) -> Result<(), WorkError> {
+        let (table, id) = (&self.table.table, &self.table.id);
+        let found: Option<String> = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                    .bind(table)
+                    .fetch_one(pool)
+                    .await?;
+                if !exists {
+                    return Err(WorkError::Schema(format!("table `{table}` does not exist")));
+                }
+                sqlx::query_scalar(
+                    "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+                     WHERE a.attrelid = to_regclass($1) AND a.attname = lower($2) \
+                     AND a.attnum > 0 AND NOT a.attisdropped",
+                )
+                .bind(table)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                let (schema, name) = table.split_once('.').unwrap_or(("main", table));
+                let columns: i64 =
+                    sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1, ?2)")
+                        .bind(name)
+                        .bind(schema)
+                        .fetch_one(pool)
+                        .await?;
+                if columns == 0 {
+                    return Err(WorkError::Schema(format!("table `{table}` does not exist")));
+                }
+                sqlx::query_scalar(
+                    "SELECT type FROM pragma_table_info(?1, ?2) WHERE name = ?3 COLLATE NOCASE",
+                )
+                .bind(name)
+                .bind(schema)
+                .bind(id)
+                .fetch_optional(pool)
+                .await?
+            }
+        };
+        let Some(ty) = found else {
+            return Err(WorkError::Schema(format!(
+                "table `{table}` has no id column `{id}` (WorkTable::id_column names it)"
+            )));
+        };
+        let integer = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(_) => matches!(ty.as_str(), "bigint" | "integer" | "smallint"),
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(_) => ty.to_ascii_uppercase().contains("INT"),
+        };
+        if integer {
+            Ok(())
+        } else {
+            Err(WorkError::Schema(format!(
+                "the id column `{id}` of `{table}` is `{ty}`; it must be an integer (bigint, integer or smallint on PostgreSQL, INTEGER on SQLite)"
+            )))
+        }
     }
 
     /// Gives the row back at once (claimable again now; the attempt counted
@@ -543,6 +694,16 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_lease_under_a_millisecond_is_refused() {
+        // A 1 ns lease used to be accepted: on SQLite it rounded to a lock
+        // that expired at once, and the row was handed out again.
+        for lease in [Duration::ZERO, Duration::from_nanos(1), Duration::from_micros(999)] {
+            assert!(lease_secs(lease).is_err(), "{lease:?}");
+        }
+        assert!(lease_secs(Duration::from_millis(1)).is_ok());
+    }
 
     #[test]
     fn identifiers_are_validated() {

@@ -61,13 +61,17 @@ pub struct Statements {
     pub claim: String,
     /// Parameters: batch, lock id, lease, partition numbers.
     pub claim_partitions: String,
-    /// Parameters: id, lock id.
+    /// Parameters: id, lock id. Returns one row, whether the completed row
+    /// is still eligible, when the lock id was on it.
     pub complete: String,
     /// Parameters: ids (an array on PostgreSQL, a JSON array on SQLite), lock
-    /// id. Returns the ids it completed.
+    /// id. Returns the ids it completed, each with whether it is still eligible.
     pub complete_many: String,
     /// Parameters: id, lock id, retry time (Unix ms). `None` without `on_fail`.
     pub fail: Option<String>,
+    /// Parameters: id, lock id, retry delay in milliseconds from the
+    /// database's now. `None` without `on_fail`.
+    pub fail_after: Option<String>,
     /// Parameters: id, lock id.
     pub release: String,
     /// Parameters: id, lock id, lease in milliseconds.
@@ -101,10 +105,12 @@ impl Statements {
         let mine = format!("{id} = {} AND {lock} = {}", d.p(1), d.p(2));
         let unlock = format!("{lock} = NULL, {until} = NULL");
         let many = format!("{} AND {lock} = {}", d.in_list(id, 1), d.p(2));
+        // Each completed row says whether it is still eligible: an
+        // `on_complete` that leaves it so would have it run again.
         let (complete, complete_many) = if t.delete_on_complete {
             (
-                format!("DELETE FROM {table} WHERE {mine}"),
-                format!("DELETE FROM {table} WHERE {many} RETURNING {id}"),
+                format!("DELETE FROM {table} WHERE {mine} RETURNING 0 = 1"),
+                format!("DELETE FROM {table} WHERE {many} RETURNING {id}, 0 = 1"),
             )
         } else {
             let extra = t
@@ -112,36 +118,42 @@ impl Statements {
                 .as_ref()
                 .map(|s| format!(", {s}"))
                 .unwrap_or_default();
+            let still = &t.eligible;
             (
-                format!("UPDATE {table} SET {unlock}{extra} WHERE {mine}"),
-                format!("UPDATE {table} SET {unlock}{extra} WHERE {many} RETURNING {id}"),
+                format!("UPDATE {table} SET {unlock}{extra} WHERE {mine} RETURNING ({still})"),
+                format!(
+                    "UPDATE {table} SET {unlock}{extra} WHERE {many} RETURNING {id}, ({still})"
+                ),
             )
         };
-        let fail = t.retry_column.as_ref().map(|col| {
-            let extra = t
-                .on_fail
-                .as_ref()
-                .map(|s| format!(", {s}"))
-                .unwrap_or_default();
-            format!(
-                "UPDATE {table} SET {unlock}, {col} = {}{extra} WHERE {mine}",
-                d.time_param(3)
-            )
-        });
-        let renew_until = match d {
+        // Now plus parameter 3 in milliseconds, by the database clock.
+        let now_plus_ms = match d {
             Dialect::Postgres => {
                 "clock_timestamp() + make_interval(secs => $3::float8 / 1000.0)".to_string()
             }
             Dialect::Sqlite => format!("{} + ?3", d.now()),
         };
+        let fail_to = |retry: &str| {
+            t.retry_column.as_ref().map(|col| {
+                let extra = t
+                    .on_fail
+                    .as_ref()
+                    .map(|s| format!(", {s}"))
+                    .unwrap_or_default();
+                format!("UPDATE {table} SET {unlock}, {col} = {retry}{extra} WHERE {mine}")
+            })
+        };
+        let fail = fail_to(&d.time_param(3));
+        let fail_after = fail_to(&now_plus_ms);
         Statements {
             claim: claim_with(""),
             claim_partitions: claim_with(&partition_filter),
             complete,
             complete_many,
             fail,
+            fail_after,
             release: format!("UPDATE {table} SET {unlock} WHERE {mine}"),
-            renew: format!("UPDATE {table} SET {until} = {renew_until} WHERE {mine}"),
+            renew: format!("UPDATE {table} SET {until} = {now_plus_ms} WHERE {mine}"),
         }
     }
 }
@@ -209,7 +221,8 @@ mod tests {
             s.claim
         );
         assert!(
-            s.complete.ends_with("WHERE id = $1 AND lock_id = $2"),
+            s.complete
+                .ends_with("WHERE id = $1 AND lock_id = $2 RETURNING (status = 'pending')"),
             "{}",
             s.complete
         );
