@@ -635,11 +635,18 @@ fn queue(db: &Db, table: WorkTable) -> WorkQueue {
 async fn lite_db() -> (Db, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
-    (Db::Lite(sqlx::SqlitePool::connect(&url).await.unwrap()), dir)
+    (
+        Db::Lite(sqlx::SqlitePool::connect(&url).await.unwrap()),
+        dir,
+    )
 }
 
 async fn pg_db() -> Db {
-    Db::Pg(sqlx::PgPool::connect(&support::postgres_url()).await.unwrap())
+    Db::Pg(
+        sqlx::PgPool::connect(&support::postgres_url())
+            .await
+            .unwrap(),
+    )
 }
 
 /// A text id is refused before the claim locks anything (it used to lock
@@ -648,7 +655,9 @@ async fn a_text_id_is_refused_before_any_row_is_locked(db: &Db, table: &str) {
     custom_table(db, table, "TEXT", ["'a'", "'b'", "'c'"]).await;
     let q = queue(
         db,
-        WorkTable::new(table).unwrap().eligible("status = 'pending'"),
+        WorkTable::new(table)
+            .unwrap()
+            .eligible("status = 'pending'"),
     );
     let err = q.claim(10, LONG).await.unwrap_err().to_string();
     assert!(
@@ -670,8 +679,7 @@ async fn a_text_id_is_refused_before_any_row_is_locked(db: &Db, table: &str) {
 #[tokio::test]
 async fn a_text_id_is_refused_before_any_row_is_locked_on_postgres() {
     let db = pg_db().await;
-    a_text_id_is_refused_before_any_row_is_locked(&db, &support::unique_table("work_textid"))
-        .await;
+    a_text_id_is_refused_before_any_row_is_locked(&db, &support::unique_table("work_textid")).await;
 }
 
 #[tokio::test]
@@ -730,13 +738,18 @@ async fn a_complete_that_leaves_the_row_eligible_is_an_error(db: &Db, table: &st
             .eligible("status = 'pending'")
             .on_complete("status = 'done'"),
     );
-    db.exec(&format!("UPDATE {table} SET lock_id = NULL, locked_until = NULL"))
-        .await;
+    db.exec(&format!(
+        "UPDATE {table} SET lock_id = NULL, locked_until = NULL"
+    ))
+    .await;
     let claimed = fixed.claim(10, LONG).await.unwrap().ids();
     assert_eq!(claimed.len(), 3);
     assert!(fixed.complete(claimed[0].0, &claimed[0].1).await.unwrap());
     let rest: Vec<i64> = claimed[1..].iter().map(|c| c.0).collect();
-    assert_eq!(fixed.complete_all(&rest, &claimed[1].1).await.unwrap(), rest);
+    assert_eq!(
+        fixed.complete_all(&rest, &claimed[1].1).await.unwrap(),
+        rest
+    );
 }
 
 #[tokio::test]
@@ -815,9 +828,6 @@ async fn claim_held_on_an_unmigrated_lease_store_is_an_error() {
     })
     .await;
     let err = q.claim_held(&p, 5, LONG).await.unwrap_err().to_string();
-    assert!(
-        err.contains("the lease store has not been read"),
-        "{err}"
-    );
+    assert!(err.contains("the lease store has not been read"), "{err}");
     c.shutdown().await;
 }

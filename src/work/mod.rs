@@ -442,9 +442,7 @@ impl WorkQueue {
             return Err(WorkError::BadArgument("batch must be between 1 and 10000"));
         }
         let secs = lease_secs(lease)?;
-        self.checked
-            .get_or_try_init(|| self.check_schema())
-            .await?;
+        self.checked.get_or_try_init(|| self.check_schema()).await?;
         let lock = new_lock_id();
         let text = match partitions {
             Some(_) => &self.sql.claim_partitions,
@@ -699,7 +697,11 @@ mod tests {
     fn a_lease_under_a_millisecond_is_refused() {
         // A 1 ns lease used to be accepted: on SQLite it rounded to a lock
         // that expired at once, and the row was handed out again.
-        for lease in [Duration::ZERO, Duration::from_nanos(1), Duration::from_micros(999)] {
+        for lease in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_micros(999),
+        ] {
             assert!(lease_secs(lease).is_err(), "{lease:?}");
         }
         assert!(lease_secs(Duration::from_millis(1)).is_ok());

@@ -110,7 +110,7 @@ impl Statements {
         let (complete, complete_many) = if t.delete_on_complete {
             (
                 format!("DELETE FROM {table} WHERE {mine} RETURNING 0 = 1"),
-                format!("DELETE FROM {table} WHERE {many} RETURNING {id}, 0 = 1"),
+                format!("DELETE FROM {table} WHERE {many} RETURNING CAST({id} AS BIGINT), 0 = 1"),
             )
         } else {
             let extra = t
@@ -122,7 +122,7 @@ impl Statements {
             (
                 format!("UPDATE {table} SET {unlock}{extra} WHERE {mine} RETURNING ({still})"),
                 format!(
-                    "UPDATE {table} SET {unlock}{extra} WHERE {many} RETURNING {id}, ({still})"
+                    "UPDATE {table} SET {unlock}{extra} WHERE {many} RETURNING CAST({id} AS BIGINT), ({still})"
                 ),
             )
         };
