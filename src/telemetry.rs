@@ -44,7 +44,7 @@ pub const HELD_REQUESTS: &str = "rolegate_held_requests";
 /// Histogram: how long held requests waited.
 pub const HOLD_SECONDS: &str = "rolegate_hold_seconds";
 /// Counter: how holds ended, by `outcome` (held_then_local,
-/// held_then_forwarded, hold_timeout, hold_full).
+/// held_then_forwarded, held_then_refused, hold_timeout, hold_full).
 pub const HOLD_OUTCOMES: &str = "rolegate_hold_outcomes_total";
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.

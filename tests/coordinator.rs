@@ -6,7 +6,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -54,48 +53,7 @@ impl EventLog {
 
     /// Pairs every Began with its Ended; each term begins once, ends once.
     fn intervals(&self) -> Vec<Held<Instant>> {
-        let events = self.0.lock().unwrap().clone();
-        // (instance, role, token) -> start
-        let mut open: HashMap<(Arc<str>, Arc<str>, u64), Instant> = HashMap::new();
-        let mut closed = Vec::new();
-        for e in events {
-            match e {
-                LeaseEvent::Began {
-                    instance,
-                    role,
-                    token,
-                    at,
-                    ..
-                } => {
-                    assert!(
-                        open.insert((instance, role, token), at).is_none(),
-                        "term began twice"
-                    );
-                }
-                LeaseEvent::Renewed { .. } => {}
-                LeaseEvent::Ended {
-                    instance,
-                    role,
-                    token,
-                    at,
-                } => {
-                    let start = open
-                        .remove(&(instance.clone(), role.clone(), token))
-                        .unwrap_or_else(|| {
-                            panic!("{role} token {token} ended at {instance} without beginning")
-                        });
-                    closed.push(Held {
-                        instance: instance.to_string(),
-                        role: role.to_string(),
-                        token,
-                        start,
-                        end: at,
-                    });
-                }
-            }
-        }
-        assert!(open.is_empty(), "intervals left open: {open:?}");
-        closed
+        intervals::from_events(&self.0.lock().unwrap())
     }
 }
 

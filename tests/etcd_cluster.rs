@@ -19,7 +19,6 @@
 
 mod support;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -84,40 +83,7 @@ impl Events {
 
     /// The held intervals, every Began paired with its Ended.
     fn intervals(&self) -> Vec<Held<Instant>> {
-        let mut open: HashMap<(String, String, u64), Instant> = HashMap::new();
-        let mut closed = Vec::new();
-        for e in self.0.lock().unwrap().iter() {
-            match e {
-                LeaseEvent::Began {
-                    instance,
-                    role,
-                    token,
-                    at,
-                    ..
-                } => {
-                    open.insert((instance.to_string(), role.to_string(), *token), *at);
-                }
-                LeaseEvent::Ended {
-                    instance,
-                    role,
-                    token,
-                    at,
-                } => {
-                    let key = (instance.to_string(), role.to_string(), *token);
-                    let start = open.remove(&key).expect("a term ended without beginning");
-                    closed.push(Held {
-                        instance: key.0,
-                        role: key.1,
-                        token: key.2,
-                        start,
-                        end: *at,
-                    });
-                }
-                LeaseEvent::Renewed { .. } => {}
-            }
-        }
-        assert!(open.is_empty(), "terms left open: {open:?}");
-        closed
+        intervals::from_events(&self.0.lock().unwrap())
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use rolegate::lease::LeaseEvent;
 use rolegate::store::LeaseStore;
 use rolegate::{CoordinatorBuilder, LeaseTimings};
-use support::intervals::{self, Held, Overlaps};
+use support::intervals::{self, Overlaps};
 
 const T: LeaseTimings = LeaseTimings {
     duration: Duration::from_secs(3),
@@ -88,37 +88,7 @@ async fn a_gap_keeps_the_term(store: Arc<dyn LeaseStore>, freeze: impl Fn(), tha
         "a new term began after the gap although the store kept the grant (terms began: {began:?})"
     );
     assert_eq!(began, vec![token, token], "began once, resumed once");
-    intervals::check(&held_intervals(&events), Overlaps::AnyTwo).assert_clean();
-}
-
-/// The believed-held intervals in `events`.
-fn held_intervals(events: &[LeaseEvent]) -> Vec<Held<Instant>> {
-    let mut open = None;
-    let mut out = Vec::new();
-    for e in events {
-        match e {
-            LeaseEvent::Began {
-                instance,
-                role,
-                token,
-                at,
-                ..
-            } => open = Some((instance.to_string(), role.to_string(), *token, *at)),
-            LeaseEvent::Ended { at, .. } => {
-                if let Some((instance, role, token, start)) = open.take() {
-                    out.push(Held {
-                        instance,
-                        role,
-                        token,
-                        start,
-                        end: *at,
-                    });
-                }
-            }
-            LeaseEvent::Renewed { .. } => {}
-        }
-    }
-    out
+    intervals::check(&intervals::from_events(&events), Overlaps::AnyTwo).assert_clean();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -70,6 +70,9 @@ pub(super) struct TermSlot {
     token: u64,
     signals: Option<TermSignals>,
     ended_through: u64,
+    /// The token whose last end was a fail-close: only such a term may
+    /// reopen (a stop or a loss after it is final).
+    failed_closed: Option<u64>,
 }
 
 /// Per role, the slot of its current term.
@@ -126,6 +129,7 @@ impl Terms {
     pub(super) fn end_current(&self, i: usize, reason: TermEndReason) {
         let mut slot = self.slot(i);
         slot.ended_through = slot.ended_through.max(slot.token);
+        slot.failed_closed = None;
         if let Some(s) = slot.signals.take() {
             s.end(reason);
         }
@@ -136,8 +140,9 @@ impl Terms {
     /// before the gap stays ended.
     pub(super) fn reopen(&self, i: usize, token: u64) {
         let mut slot = self.slot(i);
-        if slot.ended_through == token && slot.token <= token {
+        if slot.failed_closed == Some(token) && slot.ended_through == token {
             slot.ended_through = token.saturating_sub(1);
+            slot.failed_closed = None;
         }
     }
 
@@ -145,6 +150,7 @@ impl Terms {
     pub(super) fn end(&self, i: usize, token: u64, reason: TermEndReason) {
         let mut slot = self.slot(i);
         slot.ended_through = slot.ended_through.max(token);
+        slot.failed_closed = (reason == TermEndReason::FailClose).then_some(token);
         if slot.token <= token {
             if let Some(s) = slot.signals.take() {
                 s.end(reason);
@@ -200,6 +206,14 @@ mod tests {
         assert!(
             terms.signals(0, 7, false).over.is_cancelled(),
             "a term older than one already ended never reopens"
+        );
+        // A stop after the fail-close is final.
+        terms.end(0, 9, TermEndReason::FailClose);
+        terms.end_current(0, TermEndReason::Stop);
+        terms.reopen(0, 9);
+        assert!(
+            terms.signals(0, 9, false).over.is_cancelled(),
+            "a stopped term reopened"
         );
     }
 }

@@ -596,6 +596,9 @@ impl GateSettings {
                 }
                 Decision::Reject(p) if p.reason == Reason::HolderUnknown => p,
                 Decision::Reject(p) => {
+                    if let Some(h) = held.take() {
+                        h.done("held_then_refused");
+                    }
                     let (p, refused) = self.refusal(p, &req);
                     let (mut resp, outcome) = self.reject(p);
                     if let Some(v) = refused {
@@ -623,6 +626,9 @@ impl GateSettings {
             tokio::select! {
                 changed = views.changed() => {
                     if changed.is_err() {
+                        if let Some(h) = held.take() {
+                            h.done("held_then_refused");
+                        }
                         let (resp, outcome) = self.reject(problem);
                         return Settled::Answered(resp, outcome);
                     }

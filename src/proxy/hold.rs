@@ -47,6 +47,8 @@ struct Episode {
     local: usize,
     forwarded: usize,
     timed_out: usize,
+    /// Answered with a refusal of another kind once the view changed.
+    refused: usize,
     /// The client went away while held.
     gone: usize,
 }
@@ -89,6 +91,7 @@ impl Holds {
             local: 0,
             forwarded: 0,
             timed_out: 0,
+            refused: 0,
             gone: 0,
         });
         e.now += 1;
@@ -126,23 +129,26 @@ impl Holds {
         match outcome {
             Some("held_then_local") => e.local += 1,
             Some("held_then_forwarded") => e.forwarded += 1,
+            Some("held_then_refused") => e.refused += 1,
             Some(_) => e.timed_out += 1,
             None => e.gone += 1,
         }
-        if e.now == 0 {
-            if let Some(e) = roles.remove(role) {
-                tracing::info!(
-                    %role,
-                    held = e.held,
-                    longest_ms = e.longest.as_millis() as u64,
-                    over_ms = e.started.elapsed().as_millis() as u64,
-                    served_here = e.local,
-                    forwarded = e.forwarded,
-                    timed_out = e.timed_out,
-                    client_gone = e.gone,
-                    "requests held while the role had no servable holder were released"
-                );
-            }
+        let ended = if e.now == 0 { roles.remove(role) } else { None };
+        // Logged without the lock: a slow log writer never stalls holds.
+        drop(roles);
+        if let Some(e) = ended {
+            tracing::info!(
+                %role,
+                held = e.held,
+                longest_ms = e.longest.as_millis() as u64,
+                over_ms = e.started.elapsed().as_millis() as u64,
+                served_here = e.local,
+                forwarded = e.forwarded,
+                timed_out = e.timed_out,
+                refused = e.refused,
+                client_gone = e.gone,
+                "requests held while the role had no servable holder were released"
+            );
         }
     }
 }
@@ -158,7 +164,7 @@ pub(crate) struct HeldSlot {
 
 impl HeldSlot {
     /// Records how the hold ended (`held_then_local`, `held_then_forwarded`,
-    /// `hold_timeout`) and how long it lasted.
+    /// `held_then_refused`, `hold_timeout`) and how long it lasted.
     pub(crate) fn done(mut self, outcome: &'static str) {
         metrics::histogram!(telemetry::HOLD_SECONDS).record(self.since.elapsed().as_secs_f64());
         metrics::counter!(telemetry::HOLD_OUTCOMES, "outcome" => outcome).increment(1);

@@ -49,7 +49,8 @@ pub enum WorkError {
     #[error("on_complete leaves the row eligible (`{0}` is still true after complete): the row would run again; make on_complete end it, or use delete_on_complete")]
     StillEligible(String),
     /// The lease store behind `claim_held`'s partition was never read (an
-    /// unmigrated or unreachable store): no role can be held.
+    /// unmigrated or unreachable store): no role can be held. Retryable: a
+    /// store that is starting up or electing a leader passes.
     #[error("claim_held: the lease store has not been read ({0}); run the store's migrate and check that it is reachable")]
     LeaseStore(String),
 }
@@ -508,8 +509,13 @@ impl WorkQueue {
     }
 
     /// The work is done: applies `on_complete` (or deletes the row) and
-    /// clears the lock. False if the lock id is no longer on the row; an
-    /// error if the row is still eligible afterwards (it would run again).
+    /// clears the lock. False if the lock id is no longer on the row.
+    /// [`WorkError::StillEligible`] if the completed row still satisfies
+    /// `eligible` (it would run again): the completion itself is committed,
+    /// the error is about the table's configuration. The predicate is
+    /// evaluated on the completed row as the statement returns it (on
+    /// PostgreSQL a subquery in it sees the table as it was before the
+    /// statement).
     pub async fn complete(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
         let text = &self.sql.complete;
         let still: Option<Option<bool>> = match &self.pool {
@@ -542,7 +548,9 @@ impl WorkQueue {
     }
 
     /// Completes several rows of one claim in one statement (fast work);
-    /// returns the ids that still carried `lock_id` and are now complete.
+    /// returns the ids that still carried `lock_id` and are now complete,
+    /// or [`WorkError::StillEligible`] as [`complete`](Self::complete) does
+    /// (the rows are completed all the same).
     pub async fn complete_all(&self, ids: &[i64], lock_id: &str) -> Result<Vec<i64>, WorkError> {
         if ids.is_empty() {
             return Ok(Vec::new());
@@ -636,7 +644,12 @@ impl WorkQueue {
             }
             #[cfg(feature = "sqlite")]
             WorkPool::Sqlite(pool) => {
-                let (schema, name) = table.split_once('.').unwrap_or(("main", table));
+                // Unqualified, SQLite looks in temp, main, then attached
+                // databases (a NULL schema does the same).
+                let (schema, name) = match table.split_once('.') {
+                    Some((schema, name)) => (Some(schema), name),
+                    None => (None, table.as_str()),
+                };
                 let columns: i64 =
                     sqlx::query_scalar("SELECT count(*) FROM pragma_table_info(?1, ?2)")
                         .bind(name)
@@ -664,8 +677,16 @@ impl WorkQueue {
         let integer = match &self.pool {
             #[cfg(feature = "postgres")]
             WorkPool::Postgres(_) => matches!(ty.as_str(), "bigint" | "integer" | "smallint"),
+            // By SQLite's affinity rules: refuse TEXT and REAL affinity,
+            // allow INTEGER, NUMERIC and none (their values decode as integers).
             #[cfg(feature = "sqlite")]
-            WorkPool::Sqlite(_) => ty.to_ascii_uppercase().contains("INT"),
+            WorkPool::Sqlite(_) => {
+                let t = ty.to_ascii_uppercase();
+                t.contains("INT")
+                    || !["CHAR", "CLOB", "TEXT", "REAL", "FLOA", "DOUB"]
+                        .iter()
+                        .any(|a| t.contains(a))
+            }
         };
         if integer {
             Ok(())

@@ -3,8 +3,10 @@
 //! and tokens strictly increase from term to term, ordered by start (one
 //! instance resuming its own term after a store gap keeps its token).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
+
+use rolegate::lease::LeaseEvent;
 
 /// A clock the checker compares intervals on.
 pub trait Time: Ord + Copy {
@@ -119,4 +121,51 @@ pub fn check<T: Time>(intervals: &[Held<T>], overlaps: Overlaps) -> Verdict {
         }
     }
     v
+}
+
+/// Pairs every `Began` of `events` with its `Ended`, in order: a term that
+/// failed closed and resumed (same instance, same token) is two intervals.
+/// Panics on a term that begins twice without ending, ends without
+/// beginning, or is left open.
+pub fn from_events(events: &[LeaseEvent]) -> Vec<Held<Instant>> {
+    let mut open: HashMap<(String, String, u64), Instant> = HashMap::new();
+    let mut closed = Vec::new();
+    for e in events {
+        match e {
+            LeaseEvent::Began {
+                instance,
+                role,
+                token,
+                at,
+                ..
+            } => {
+                let key = (instance.to_string(), role.to_string(), *token);
+                assert!(
+                    open.insert(key, *at).is_none(),
+                    "{role} token {token} began twice at {instance}"
+                );
+            }
+            LeaseEvent::Ended {
+                instance,
+                role,
+                token,
+                at,
+            } => {
+                let key = (instance.to_string(), role.to_string(), *token);
+                let start = open.remove(&key).unwrap_or_else(|| {
+                    panic!("{role} token {token} ended at {instance} without beginning")
+                });
+                closed.push(Held {
+                    instance: key.0,
+                    role: key.1,
+                    token: key.2,
+                    start,
+                    end: *at,
+                });
+            }
+            LeaseEvent::Renewed { .. } => {}
+        }
+    }
+    assert!(open.is_empty(), "intervals left open: {open:?}");
+    closed
 }

@@ -100,13 +100,17 @@ impl HeartbeatLoop {
         let mut claims = Vec::new();
         let mut which = Vec::new();
         for (i, r) in self.roles.iter().enumerate() {
-            let held_token = r.held.map(|h| h.token);
+            let held_token = r.held.map(|h| h.token).or(r.lapsed.map(|l| l.token));
             let free_turn = r.next_attempt <= now && self.may_take_free(i, now);
+            // A lapsed term is still this instance's in the store: offered
+            // whatever the balance prefers or a drain says (a handover or the
+            // stop's release moves it on afterwards), or the role would stay
+            // the store's and unserved until it expired.
             if held_token.is_some() || (!draining && free_turn) {
                 let meta = self.shared.role(i);
                 claims.push(Claim::renewable(
                     meta.name.clone(),
-                    held_token.or(r.lapsed),
+                    held_token,
                     meta.timings.duration,
                 ));
                 which.push(i);
@@ -126,12 +130,19 @@ impl HeartbeatLoop {
     ) {
         let shared = self.shared.clone();
         let meta = shared.role(i);
-        let renewing = self.roles[i].held.is_some();
         let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
+        if granted.is_some() && self.roles[i].held.is_some_and(|h| h.held_until <= t_recv) {
+            // The term's deadline passed while this claim was out: readers
+            // stopped trusting it then. It failed closed; if the store kept
+            // it, it resumes below as a term of its own (its work before the
+            // gap stays ended), never as one unbroken interval.
+            self.end_term(i, TermEndReason::FailClose);
+        }
+        let renewing = self.roles[i].held.is_some();
         match granted {
             Some(token) if t_recv < deadline => {
                 outcome.tally.add(renewing, "granted");
-                let lapsed = self.roles[i].lapsed;
+                let lapsed = self.roles[i].lapsed.map(|l| l.token);
                 match self.roles[i].held {
                     Some(ref mut h) if h.token == token => {
                         h.held_until = deadline;
@@ -184,8 +195,9 @@ impl HeartbeatLoop {
                 Counters::bump(&shared.counters().late_responses);
                 outcome.tally.add(renewing, "late");
                 tracing::warn!(role = %meta.name, token, late_by = ?t_recv - deadline, "lease grant arrived after its trust window; failing closed until the next claim");
+                // A held term becomes lapsed (end_term); a late grant of a
+                // term never held here starts a new one at the next claim.
                 self.end_term(i, TermEndReason::FailClose);
-                self.roles[i].lapsed = Some(token);
                 self.roles[i].state.token = token;
                 self.roles[i].state.holder = Some(shared.instance_id().clone());
             }

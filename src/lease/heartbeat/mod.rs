@@ -34,6 +34,13 @@ use crate::telemetry;
 /// of term changes elsewhere costs a handful of ticks, not one per change.
 const NOTICE_COALESCE: Duration = Duration::from_millis(5);
 
+/// A term that failed closed here (see [`LoopRole::lapsed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Lapsed {
+    token: u64,
+    until: Instant,
+}
+
 /// A term this instance holds, as the loop tracks it.
 #[derive(Debug, Clone, Copy)]
 struct HeldTerm {
@@ -54,9 +61,11 @@ struct LoopRole {
     gauge_held: Option<bool>,
     /// Since when the store has shown the role without a live holder.
     free_since: Option<Instant>,
-    /// The token of a term that failed closed here and that the store may
-    /// still keep: the next claim offers it, to resume that term.
-    lapsed: Option<u64>,
+    /// A term that failed closed here and that the store may still keep:
+    /// its token, which the next claim offers to resume that term, and the
+    /// earliest time the store may let it expire (the last grant's send
+    /// time + duration), after which a quick retry can no longer save it.
+    lapsed: Option<Lapsed>,
 }
 
 pub(super) struct HeartbeatLoop {
@@ -140,7 +149,10 @@ impl HeartbeatLoop {
                 // Retry sooner while the store is failing, but not in a hot
                 // loop; sooner still with a lapsed term, which resumes only
                 // if its claim reaches the store before the lease expires.
-                let lapsed = self.roles.iter().any(|r| r.lapsed.is_some());
+                let lapsed = self
+                    .roles
+                    .iter()
+                    .any(|r| r.lapsed.is_some_and(|l| l.until > now));
                 let every = self.shared.tick_every() / if lapsed { 10 } else { 2 };
                 next = now + every.max(Duration::from_millis(50));
             } else if !self.read_ok {
@@ -242,7 +254,11 @@ impl HeartbeatLoop {
             // already stopped it, before this).
             self.shared.terms().end(i, h.token, reason);
             self.roles[i].next_attempt = Instant::now();
-            self.roles[i].lapsed = (reason == TermEndReason::FailClose).then_some(h.token);
+            let until = h.held_until + self.shared.role(i).timings.safety_margin;
+            self.roles[i].lapsed = (reason == TermEndReason::FailClose).then_some(Lapsed {
+                token: h.token,
+                until,
+            });
             if h.published {
                 self.ended.push((i, h));
             }
@@ -344,7 +360,7 @@ impl HeartbeatLoop {
                 }
             }
             let r = &mut self.roles[i];
-            if r.lapsed.is_some_and(|t| !mine || rec.token != t) {
+            if r.lapsed.is_some_and(|l| !mine || rec.token != l.token) {
                 // Another term, or a release: the lapsed one cannot resume.
                 r.lapsed = None;
             }
