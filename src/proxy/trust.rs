@@ -4,16 +4,15 @@
 
 use std::net::IpAddr;
 
+use ipnet::IpNet;
+
 /// One CIDR block, e.g. `10.0.0.0/8` or `fd00::/8` (a bare address is /32 or /128).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    addr: IpAddr,
-    bits: u8,
-}
+pub struct Cidr(IpNet);
 
 impl std::fmt::Display for Cidr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.bits)
+        self.0.fmt(f)
     }
 }
 
@@ -38,27 +37,23 @@ impl std::str::FromStr for Cidr {
 
     fn from_str(s: &str) -> Result<Self, CidrError> {
         let (addr, bits) = match s.split_once('/') {
-            Some((a, b)) => (a, Some(b)),
-            None => (s, None),
+            Some((a, b)) => (a.trim(), Some(b.trim())),
+            None => (s.trim(), None),
         };
         let addr: IpAddr = addr
-            .trim()
             .parse()
             .map_err(|_| CidrError::NotAnAddress(s.to_string()))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let bits = match bits {
-            None => max,
-            Some(b) => b
-                .trim()
-                .parse::<u8>()
-                .ok()
-                .filter(|b| *b <= max)
-                .ok_or_else(|| CidrError::PrefixLength {
-                    text: s.to_string(),
-                    max,
-                })?,
+            None => Some(max),
+            Some(b) => b.parse::<u8>().ok(),
         };
-        Ok(Cidr { addr, bits })
+        bits.and_then(|bits| IpNet::new(addr, bits).ok())
+            .map(Cidr)
+            .ok_or_else(|| CidrError::PrefixLength {
+                text: s.to_string(),
+                max,
+            })
     }
 }
 
@@ -69,17 +64,7 @@ impl Cidr {
             IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
             v4 => v4,
         };
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let mask = u32::MAX.checked_shl(32 - self.bits as u32).unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let mask = u128::MAX.checked_shl(128 - self.bits as u32).unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
-            }
-            _ => false,
-        }
+        self.0.contains(&ip)
     }
 }
 

@@ -304,16 +304,16 @@ impl PgTlsParams {
         let mut p = PgTlsParams::default();
         let query = url.split_once('?').map(|(_, q)| q).unwrap_or("");
         let query = query.split('#').next().unwrap_or("");
-        for pair in query.split('&').filter(|s| !s.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let slot = match form_decode(k).as_str() {
+        // Decoded as URL query parsers do (`+` a space, `%XX` a byte).
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            let slot = match k.as_ref() {
                 "sslmode" | "ssl-mode" => &mut p.sslmode,
                 "sslrootcert" | "ssl-root-cert" | "ssl-ca" => &mut p.sslrootcert,
                 "sslcert" | "ssl-cert" => &mut p.sslcert,
                 "sslkey" | "ssl-key" => &mut p.sslkey,
                 _ => continue,
             };
-            *slot = Some(form_decode(v));
+            *slot = Some(v.into_owned());
         }
         if let Some(mode) = &p.sslmode {
             match mode.to_ascii_lowercase().as_str() {
@@ -367,33 +367,6 @@ impl PgTlsParams {
 fn is_inline(v: &str) -> bool {
     let t = v.trim();
     t.starts_with("-----BEGIN") && t.ends_with("-----")
-}
-
-/// `application/x-www-form-urlencoded` decoding, as URL query parsers do
-/// (`+` is a space, `%XX` a byte).
-fn form_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => out.push(b' '),
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(hi), Some(lo)) => {
-                    out.push(hi << 4 | lo);
-                    i += 2;
-                }
-                _ => out.push(b'%'),
-            },
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: u8) -> Option<u8> {
-    (b as char).to_digit(16).map(|d| d as u8)
 }
 
 /// Reads and checks every TLS file the store config names, without
