@@ -41,6 +41,29 @@ async fn pair(tag: &str, proxy: &str) -> ([TestApp; 2], [GatewayProcess; 2]) {
     (apps, gws)
 }
 
+/// Starts a slow local request at `holder`, sends it SIGTERM once the app
+/// runs that request, and waits until it drains: the request keeps it
+/// draining for its full drain bound. Returns the slow request.
+async fn drain_behind_a_slow_request(
+    app: &TestApp,
+    holder: &GatewayProcess,
+) -> tokio::task::JoinHandle<Result<(http::StatusCode, http::HeaderMap, bytes::Bytes), String>> {
+    let slow_url = format!("{}/maintenance/slow", holder.url());
+    let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
+    support::wait_for("the slow request runs", Duration::from_secs(5), || {
+        app.executed_paths()
+            .iter()
+            .any(|p| p == "/maintenance/slow")
+    })
+    .await;
+    holder.signal("TERM");
+    support::wait_for_async("the holder drains", Duration::from_secs(5), || async {
+        holder.leases().await["instance"]["draining"] == true
+    })
+    .await;
+    slow
+}
+
 /// What the load saw: status per request id.
 #[derive(Default)]
 struct Load {
@@ -299,20 +322,7 @@ async fn a_1mb_upload_held_across_a_move_arrives_intact_at_the_successor() {
     // The holder drains (a slow request keeps it draining for its full 1 s
     // bound): it no longer admits, the standby still sees it as the holder,
     // forwards, is refused unread, holds, then serves it itself.
-    let slow_url = format!("{}/maintenance/slow", gws[0].url());
-    let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
-    support::wait_for("the slow request runs", Duration::from_secs(5), || {
-        apps[0]
-            .executed_paths()
-            .iter()
-            .any(|p| p == "/maintenance/slow")
-    })
-    .await;
-    gws[0].signal("TERM");
-    support::wait_for_async("the holder drains", Duration::from_secs(5), || async {
-        gws[0].leases().await["instance"]["draining"] == true
-    })
-    .await;
+    let slow = drain_behind_a_slow_request(&apps[0], &gws[0]).await;
     let body: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
     let req = Request::post(format!("{}/maintenance/echo-body", gws[1].url()))
         .body(Body::from(body.clone()))
@@ -415,20 +425,7 @@ routes:
 async fn a_stopping_gateway_keeps_its_listener_and_hands_its_new_requests_to_the_successor() {
     let (apps, gws) = pair("hold_stopping", "  hold_timeout: 3s\n").await;
     // A slow local request keeps gateway 0 draining for its 1 s bound.
-    let slow_url = format!("{}/maintenance/slow", gws[0].url());
-    let slow = tokio::spawn(async move { cluster::get(&slow_url).await });
-    support::wait_for("the slow request runs", Duration::from_secs(5), || {
-        apps[0]
-            .executed_paths()
-            .iter()
-            .any(|p| p == "/maintenance/slow")
-    })
-    .await;
-    gws[0].signal("TERM");
-    support::wait_for_async("gateway 0 drains", Duration::from_secs(5), || async {
-        gws[0].leases().await["instance"]["draining"] == true
-    })
-    .await;
+    let slow = drain_behind_a_slow_request(&apps[0], &gws[0]).await;
     // Sent to the stopping gateway itself, during its drain: held, then
     // served by the successor.
     let (status, headers, body) = cluster::get(&format!("{}/maintenance/late", gws[0].url()))
