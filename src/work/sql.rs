@@ -231,7 +231,22 @@ mod tests {
             .as_deref()
             .unwrap()
             .contains("run_at = to_timestamp($3::float8 / 1000.0)"));
+        // fail_after reads the database clock, never an app-supplied time.
+        assert!(
+            s.fail_after.as_deref().unwrap().contains(
+                "run_at = clock_timestamp() + make_interval(secs => $3::float8 / 1000.0)"
+            ),
+            "{:?}",
+            s.fail_after
+        );
         let q = Statements::new(&t, Dialect::Sqlite);
+        assert!(
+            q.fail_after.as_deref().unwrap().contains(
+                "run_at = CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + ?3"
+            ),
+            "{:?}",
+            q.fail_after
+        );
         assert!(q.claim.contains("LIMIT ?1") && q.complete.contains("lock_id = ?2"));
         assert!(!q.claim.contains("FOR UPDATE"), "{}", q.claim);
     }
