@@ -606,7 +606,9 @@ impl WorkQueue {
         delay: Duration,
     ) -> Result<bool, WorkError> {
         let Some(text) = &self.sql.fail_after else {
-            return Err(WorkError::BadArgument("fail needs WorkTable::on_fail"));
+            return Err(WorkError::BadArgument(
+                "fail_after needs WorkTable::on_fail",
+            ));
         };
         if delay > Duration::from_secs(365 * 24 * 3600) {
             return Err(WorkError::BadArgument("retry delay must be under a year"));
