@@ -31,13 +31,20 @@ pub const CANDIDATE: &str = "rolegate_candidate";
 pub const READY: &str = "rolegate_ready";
 /// Gauge: roles of each balanced partition held here, by `partition`.
 pub const PARTITION_ROLES_HELD: &str = "rolegate_partition_roles_held";
+/// Gauge: 1 while this instance's definition of a partition differs from
+/// the one the store records (it then neither holds nor serves the
+/// partition), by `partition`.
+pub const PARTITION_MISMATCH: &str = "rolegate_partition_mismatch";
+/// Gauge: live members whose route-table fingerprint differs from this
+/// instance's.
+pub const ROUTE_MISMATCH: &str = "rolegate_route_mismatch_members";
 /// Counter: partition roles that moved by `cause`: `join` (handed to a new
 /// member), `surplus` (handed over to even the shares), `leave` (taken from
 /// a member that left).
 pub const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
 /// Counter: local streams, tunnels and requests ended because the term they
 /// were admitted under ended, by `role` and `reason` (handover, stop,
-/// fail-close, lost).
+/// fail-close, lost, redefined).
 pub const STREAMS_ENDED: &str = "rolegate_streams_ended_total";
 /// Gauge: role requests held now, waiting for a servable holder.
 pub const HELD_REQUESTS: &str = "rolegate_held_requests";
@@ -103,6 +110,14 @@ fn describe() {
     describe_gauge!(
         PARTITION_ROLES_HELD,
         "roles of each balanced partition held here"
+    );
+    describe_gauge!(
+        PARTITION_MISMATCH,
+        "1 while this instance's definition of the partition differs from the store's record"
+    );
+    describe_gauge!(
+        ROUTE_MISMATCH,
+        "live members whose route table differs from this instance's"
     );
     describe_counter!(
         PARTITION_MOVES,

@@ -374,3 +374,109 @@ pub(super) fn resolve(path: &Path, partition: &str, key: &str, scope: Option<&st
     println!("{}", crate::role::partition_role_name(partition, index));
     ExitCode::SUCCESS
 }
+
+/// `rolegate partitions list`: each partition's definition in this config
+/// and the one the store records.
+pub(super) async fn partitions_list(path: &Path) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let records = async {
+        let store = crate::store::connect(&config.store).await?;
+        store.partitions().await
+    }
+    .await;
+    let records = match records {
+        Ok(r) => r,
+        Err(e) => return fail(&e),
+    };
+    let mut names: Vec<String> = config
+        .partitions
+        .iter()
+        .map(|p| p.name.to_string())
+        .collect();
+    names.extend(records.iter().map(|r| r.name.clone()));
+    names.sort();
+    names.dedup();
+    for name in names {
+        let here = config
+            .partitions
+            .iter()
+            .find(|p| p.name.as_str() == name)
+            .map(|p| crate::lease::definition_text(p.count, &config.partition_scopes(&p.name)));
+        let recorded = records.iter().find(|r| r.name == name);
+        let verdict = match (&here, recorded) {
+            (Some(h), Some(r)) if *h == r.definition => "same",
+            (Some(_), Some(_)) => "DIFFERENT",
+            (Some(_), None) => "not recorded yet",
+            (None, _) => "not in this config",
+        };
+        println!("{name}: {verdict}");
+        if let Some(h) = &here {
+            println!("  this config: {h}");
+        }
+        if let Some(r) = recorded {
+            let settling = if r.settling.is_zero() {
+                String::new()
+            } else {
+                format!(", settling for {:?} more", r.settling)
+            };
+            println!(
+                "  store:       {} (epoch {}{settling})",
+                r.definition, r.epoch
+            );
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// `rolegate partitions resize NAME COUNT`: records the new definition.
+pub(super) async fn partitions_resize(
+    path: &Path,
+    name: &str,
+    count: u32,
+    settle: Option<std::time::Duration>,
+) -> ExitCode {
+    let config = match load_config(path) {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let Some(partition) = config.partitions.iter().find(|p| p.name.as_str() == name) else {
+        eprintln!(
+            "error: {}: no partition `{name}` in this config",
+            path.display()
+        );
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    if count == 0 || count > 65_536 {
+        eprintln!("error: a partition count must be between 1 and 65536, not {count}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let least = partition.lease.duration;
+    let settle = settle.unwrap_or(least).max(least);
+    let definition =
+        crate::lease::definition_text(count, &config.partition_scopes(&partition.name));
+    let result = async {
+        let store = crate::store::connect(&config.store).await?;
+        crate::lease::redefine_partition(&*store, name, &definition, settle).await
+    }
+    .await;
+    match result {
+        Ok((record, false)) => {
+            println!(
+                "partition `{name}` is already recorded as `{}` (epoch {}); nothing changed",
+                record.definition, record.epoch
+            );
+            ExitCode::SUCCESS
+        }
+        Ok((record, true)) => {
+            println!(
+                "partition `{name}` is now `{}` (epoch {}). No instance serves it for the next {:?}; then instances deployed with count {count} serve it, and the others answer 503 partition-mismatch until they are",
+                record.definition, record.epoch, record.settling
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(&e),
+    }
+}

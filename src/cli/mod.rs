@@ -87,12 +87,37 @@ pub(crate) enum Command {
         #[arg(long)]
         name: String,
     },
+    /// Partition definitions recorded in the store.
+    #[command(subcommand)]
+    Partitions(PartitionsCommand),
     /// Which partition role a key maps to.
     Resolve {
         partition: String,
         key: String,
         #[arg(long)]
         scope: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PartitionsCommand {
+    /// List each partition's definition: this config's and the store's.
+    List,
+    /// Record a new definition of partition NAME with COUNT roles (and the
+    /// scopes of this config's routes): an explicit migration. Every
+    /// instance ends its terms of the partition; no instance serves it
+    /// until the change settles (the longest lease duration); then
+    /// instances deployed with the new definition serve it and the others
+    /// answer 503 partition-mismatch.
+    Resize {
+        /// The partition.
+        name: String,
+        /// Its new number of roles, 1 to 65536.
+        count: u32,
+        /// How long nobody serves the partition [default: the partition's
+        /// lease duration in this config]. Never shorter than that.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        settle: Option<std::time::Duration>,
     },
 }
 
@@ -191,6 +216,12 @@ async fn dispatch(args: Cli) -> ExitCode {
         }
         Command::Migrate => commands::migrate(config).await,
         Command::Status { json } => commands::status(config, json).await,
+        Command::Partitions(PartitionsCommand::List) => commands::partitions_list(config).await,
+        Command::Partitions(PartitionsCommand::Resize {
+            name,
+            count,
+            settle,
+        }) => commands::partitions_resize(config, &name, count, settle).await,
         Command::Resolve {
             partition,
             key,

@@ -303,7 +303,9 @@ impl Config {
             Some(name) => builder.instance_name(name),
             None => builder,
         };
-        builder.specs(&self.role_specs(), &self.partition_specs())
+        builder
+            .specs(&self.role_specs(), &self.partition_specs())
+            .routes_fingerprint(self.routes_fingerprint())
     }
 
     /// The coordinator's view: every role with its timings.
@@ -327,8 +329,45 @@ impl Config {
                 timings: p.lease,
                 balance: p.balance.then_some(p.rebalance_delay),
                 handover_drain: Some(p.handover_drain),
+                scopes: self.partition_scopes(&p.name),
             })
             .collect()
+    }
+
+    /// The scopes the routes of partition `name` hash keys with (`None`:
+    /// unscoped), part of its recorded definition.
+    pub fn partition_scopes(&self, name: &RoleName) -> Vec<Option<String>> {
+        self.routes
+            .iter()
+            .filter_map(|r| match &r.target {
+                RouteTarget::Partition { name: n, scope, .. } if n == name => Some(scope.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The fingerprint of the route table, published with the presence
+    /// record so members can tell that they route alike: compact JSON with
+    /// the case folding and, per canonical prefix, a short hash of what
+    /// owns it (role, or partition with its key source and scope).
+    pub fn routes_fingerprint(&self) -> String {
+        let fold = self.proxy.case_insensitive_paths;
+        let mut routes = std::collections::BTreeMap::new();
+        for r in &self.routes {
+            let owner = match &r.target {
+                RouteTarget::Role(role) => format!("role {role}"),
+                RouteTarget::Partition { name, scope, key } => {
+                    format!("partition {name} key {key:?} scope {scope:?}")
+                }
+            };
+            let hash = xxhash_rust::xxh64::xxh64(owner.as_bytes(), 0);
+            for prefix in &r.prefixes {
+                let prefix = crate::proxy::routes::canonical_prefix(prefix, fold)
+                    .unwrap_or_else(|_| prefix.clone());
+                routes.insert(prefix, format!("{:08x}", hash >> 32));
+            }
+        }
+        serde_json::json!({ "fold": fold, "routes": routes }).to_string()
     }
 
     /// `Retry-After` seconds for 503s: configured, else ceil(shortest renew interval).

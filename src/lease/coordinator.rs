@@ -97,6 +97,7 @@ pub struct CoordinatorBuilder {
     partitions: Vec<PartitionReg>,
     hook: Option<IntervalHook>,
     drain_timeout: Duration,
+    routes: String,
 }
 
 impl CoordinatorBuilder {
@@ -110,6 +111,7 @@ impl CoordinatorBuilder {
             partitions: Vec::new(),
             hook: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            routes: String::new(),
         }
     }
 
@@ -137,7 +139,27 @@ impl CoordinatorBuilder {
     pub fn partition(mut self, name: impl Into<String>, count: u32, timings: LeaseTimings) -> Self {
         let delay = timings.renew_interval * 2;
         self.partitions
-            .push((name.into(), count, timings, Some(delay), None));
+            .push((name.into(), count, timings, Some(delay), None, Vec::new()));
+        self
+    }
+
+    /// The scopes a registered partition's keys are hashed with (`None`:
+    /// unscoped), part of the definition the store records and every
+    /// instance must agree on. Default: none declared. A gateway declares
+    /// the scopes of its routes; an app sharing the partition with gateways
+    /// declares the same.
+    pub fn partition_scopes(mut self, partition: &str, scopes: Vec<Option<String>>) -> Self {
+        for p in self.partitions.iter_mut().filter(|p| p.0 == partition) {
+            p.5 = scopes.clone();
+        }
+        self
+    }
+
+    /// The fingerprint of this instance's route table, published with its
+    /// presence record so members can see that they route alike (see
+    /// `Config::routes_fingerprint`). Default: none.
+    pub fn routes_fingerprint(mut self, fingerprint: impl Into<String>) -> Self {
+        self.routes = fingerprint.into();
         self
     }
 
@@ -180,6 +202,7 @@ impl CoordinatorBuilder {
             if let Some(drain) = p.handover_drain {
                 self = self.handover_drain(p.name.as_str(), drain);
             }
+            self = self.partition_scopes(p.name.as_str(), p.scopes.clone());
         }
         self
     }
@@ -201,7 +224,10 @@ impl CoordinatorBuilder {
             id,
             address: self.address,
         };
-        let shared = Arc::new(LeaseState::new(instance, self.store, registry, self.hook));
+        let routes = Arc::from(self.routes.as_str());
+        let shared = Arc::new(LeaseState::new(
+            instance, self.store, registry, self.hook, routes,
+        ));
         shared.set_task(tokio::spawn(HeartbeatLoop::new(shared.clone()).run()));
         Ok(Coordinator {
             shared,
@@ -210,13 +236,15 @@ impl CoordinatorBuilder {
     }
 }
 
-/// A partition as registered: name, count, timings, balance, handover drain.
+/// A partition as registered: name, count, timings, balance, handover
+/// drain, scopes.
 type PartitionReg = (
     String,
     u32,
     LeaseTimings,
     Option<Duration>,
     Option<Duration>,
+    Vec<Option<String>>,
 );
 
 /// Checks every name, timing and count once, and lays the roles out in
@@ -250,7 +278,7 @@ fn register(
     for (name, timings) in roles {
         push(RoleName::new(&name)?, timings, &mut registry)?;
     }
-    for (name, count, timings, balance, handover_drain) in partitions {
+    for (name, count, timings, balance, handover_drain, scopes) in partitions {
         RoleName::new(&name)?;
         if count == 0 || count > MAX_PARTITION_COUNT {
             return Err(CoordinatorError::PartitionCount(name, count));
@@ -260,6 +288,7 @@ fn register(
             push(RoleName::partition(&name, i)?, timings, &mut registry)?;
         }
         let meta = PartitionMeta {
+            definition: super::definition_text(count, &scopes).into(),
             count,
             first,
             balance,

@@ -250,6 +250,14 @@ impl RolePartition {
         self.role(index)?.begin_local()
     }
 
+    /// The partition's definition here and how it stands against the one
+    /// the store records, as last read.
+    pub fn definition(&self) -> Option<super::PartitionDefinition> {
+        let snap = self.shared.snapshot();
+        let found = snap.definitions.iter().find(|d| *d.name == *self.name);
+        found.cloned()
+    }
+
     /// How many of the partition's roles this instance holds now.
     pub fn held_here(&self) -> usize {
         let snap = self.shared.snapshot();

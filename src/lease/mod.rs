@@ -23,8 +23,11 @@ pub use coordinator::{
 };
 pub use handles::TermWatch;
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
-pub use partition::{partition_index, scoped_key_bytes, PartitionResolution};
-pub use snapshot::{HolderSnapshot, RoleState};
+pub use partition::{
+    definition_text, partition_index, redefine_partition, scoped_key_bytes, PartitionResolution,
+    RedefineError, HASH_VERSION,
+};
+pub use snapshot::{DefinitionState, HolderSnapshot, PartitionDefinition, RoleState};
 pub(crate) use state::deadline_after;
 pub use state::LeaseEvent;
 pub use term::TermEndReason;
@@ -57,6 +60,9 @@ pub struct PartitionSpec {
     /// How long a balance move waits for local work under the role before
     /// ending it and releasing; `None`: the renew interval.
     pub handover_drain: Option<std::time::Duration>,
+    /// The scopes its routes hash keys with (`None`: unscoped); part of the
+    /// definition the store records.
+    pub scopes: Vec<Option<String>>,
 }
 
 /// Proof, at the moment it was taken, that this instance held `role` in the

@@ -29,6 +29,65 @@ pub fn partition_index(scope: Option<&str>, key: &str, count: u32) -> u32 {
     (hash % u64::from(count.max(1))) as u32
 }
 
+/// The version of the key hash above, recorded in partition definitions: a
+/// different hash would be a different meaning of every key.
+pub const HASH_VERSION: &str = "xxh64-v1";
+
+/// A partition's definition as the store records it and instances compare
+/// it: `count=16 hash=xxh64-v1 scopes=[null,"Order"]`. `scopes` are the
+/// scopes its routes hash with (`None`: unscoped), sorted, each once.
+pub fn definition_text(count: u32, scopes: &[Option<String>]) -> String {
+    let mut scopes: Vec<&Option<String>> = scopes.iter().collect();
+    scopes.sort();
+    scopes.dedup();
+    let scopes = serde_json::to_string(&scopes).unwrap_or_default();
+    format!("count={count} hash={HASH_VERSION} scopes={scopes}")
+}
+
+/// Why a partition could not be redefined.
+#[derive(Debug, thiserror::Error)]
+pub enum RedefineError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Another change of the same partition was recorded at the same time.
+    #[error("partition `{0}` was changed by someone else meanwhile; read it again and retry")]
+    Conflict(String),
+}
+
+/// Records a new definition of partition `name` in the store (an explicit
+/// migration, `rolegate partitions resize`): the epoch goes up by one, and
+/// no instance serves the partition for `settle`, which must be at least
+/// the longest lease duration of its roles anywhere in the fleet, so every
+/// term begun under the previous definition has ended first. Every
+/// coordinator sees the change at its next tick (the store's notification
+/// wakes it at once) and ends its terms of the partition; those configured
+/// with the new definition serve it once it settles, the others answer 503
+/// `partition-mismatch` until they are deployed with it.
+///
+/// Returns the record in force and whether it changed (an identical
+/// definition changes nothing).
+pub async fn redefine_partition(
+    store: &dyn crate::store::LeaseStore,
+    name: &str,
+    definition: &str,
+    settle: std::time::Duration,
+) -> Result<(crate::store::PartitionRecord, bool), RedefineError> {
+    let current = store.partitions().await?;
+    let current = current.into_iter().find(|r| r.name == name);
+    if let Some(record) = current.as_ref().filter(|r| r.definition == definition) {
+        return Ok((record.clone(), false));
+    }
+    let epoch = current.map_or(0, |r| r.epoch);
+    match store
+        .redefine_partition(name, epoch, definition, settle)
+        .await?
+    {
+        Some(record) => Ok((record, true)),
+        None => Err(RedefineError::Conflict(name.to_string())),
+    }
+}
+
 /// Where a key lives right now, read from the local snapshot without I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionResolution {
@@ -81,6 +140,16 @@ mod tests {
                 "scope {scope:?} key {key:?} count {count}"
             );
         }
+    }
+
+    #[test]
+    fn a_definition_names_count_hash_and_sorted_scopes_once() {
+        let scopes = [Some("Order".to_string()), None, Some("Order".to_string())];
+        assert_eq!(
+            definition_text(16, &scopes),
+            r#"count=16 hash=xxh64-v1 scopes=[null,"Order"]"#
+        );
+        assert_eq!(definition_text(4, &[]), "count=4 hash=xxh64-v1 scopes=[]");
     }
 
     #[test]

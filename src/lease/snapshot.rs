@@ -43,6 +43,46 @@ impl RoleState {
     }
 }
 
+/// Where a partition stands against the definition the store records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DefinitionState {
+    /// Not read from the store yet: its roles are not claimed.
+    Unread,
+    /// The store records this instance's definition, changed recently: no
+    /// instance serves the partition until `until` (local clock), when every
+    /// term of the previous definition has ended.
+    Settling {
+        /// The recorded epoch.
+        epoch: u64,
+        /// When the settle window ends, by the last read.
+        until: Instant,
+    },
+    /// The store records this instance's definition: served.
+    Serving {
+        /// The recorded epoch.
+        epoch: u64,
+    },
+    /// The store records another definition: this instance neither holds
+    /// nor serves the partition (503 `partition-mismatch`).
+    Mismatch {
+        /// The recorded epoch.
+        epoch: u64,
+        /// The recorded definition.
+        recorded: Arc<str>,
+    },
+}
+
+/// One partition's definition here, and how it stands in the store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionDefinition {
+    /// The partition.
+    pub name: Arc<str>,
+    /// The definition this instance is configured with.
+    pub configured: Arc<str>,
+    /// How it compares with the store's record.
+    pub state: DefinitionState,
+}
+
 /// All roles, in registration order; published as one `Arc`.
 #[derive(Debug, Clone)]
 pub struct HolderSnapshot {
@@ -63,4 +103,6 @@ pub struct HolderSnapshot {
     pub candidate: bool,
     /// Set once draining began: no new local work is admitted.
     pub draining: bool,
+    /// Every partition's definition and how it stands in the store.
+    pub definitions: Vec<PartitionDefinition>,
 }

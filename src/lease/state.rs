@@ -91,8 +91,10 @@ pub(super) struct RoleMeta {
 }
 
 /// Where a partition's roles sit among all registered roles.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub(super) struct PartitionMeta {
+    /// Its definition text (`definition_text`), compared with the store's.
+    pub(super) definition: Arc<str>,
     pub(super) count: u32,
     pub(super) first: usize,
     /// `Some(rebalance_delay)` when the partition is balanced.
@@ -149,6 +151,8 @@ pub(super) struct LeaseState {
     tick_every: Duration,
     /// Shortest trust window (`duration - safety_margin`) among all roles.
     op_timeout: Duration,
+    /// The route-table fingerprint published with the presence record.
+    routes: Arc<str>,
 }
 
 impl LeaseState {
@@ -157,6 +161,7 @@ impl LeaseState {
         store: Arc<dyn LeaseStore>,
         registry: Registry,
         hook: Option<IntervalHook>,
+        routes: Arc<str>,
     ) -> LeaseState {
         let roles = &registry.roles;
         let tick_every = roles
@@ -184,6 +189,7 @@ impl LeaseState {
             last_ok_sent: None,
             candidate: true,
             draining: false,
+            definitions: Vec::new(),
         };
         LeaseState {
             instance_id: instance.id.as_str().into(),
@@ -208,7 +214,13 @@ impl LeaseState {
             task: Mutex::new(None),
             tick_every,
             op_timeout,
+            routes,
         }
+    }
+
+    /// The route-table fingerprint this instance publishes.
+    pub(super) fn routes(&self) -> &str {
+        &self.routes
     }
 
     pub(super) fn instance(&self) -> &InstanceInfo {
@@ -241,7 +253,7 @@ impl LeaseState {
     }
 
     pub(super) fn partition(&self, name: &str) -> Option<PartitionMeta> {
-        self.registry.partitions.get(name).copied()
+        self.registry.partitions.get(name).cloned()
     }
 
     /// Every partition, by name.

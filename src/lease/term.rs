@@ -24,6 +24,9 @@ pub enum TermEndReason {
     FailClose,
     /// The grant is gone (taken over, revoked, released elsewhere).
     Lost,
+    /// The partition's recorded definition changed (a resize) or no longer
+    /// matches this instance's: the old meaning of its keys ends here.
+    Redefined,
 }
 
 impl TermEndReason {
@@ -34,6 +37,7 @@ impl TermEndReason {
             TermEndReason::Stop => "stop",
             TermEndReason::FailClose => "fail-close",
             TermEndReason::Lost => "lost",
+            TermEndReason::Redefined => "redefined",
         }
     }
 }

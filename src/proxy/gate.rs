@@ -122,6 +122,9 @@ impl GateTarget {
                 scope,
                 key,
             } => {
+                if let Some(problem) = mismatch_problem(partition) {
+                    return Decision::Reject(problem);
+                }
                 let k = match key.extract(uri, headers) {
                     Ok(k) => k,
                     Err(e) => return Decision::Reject(key_problem(partition, key, e)),
@@ -161,6 +164,21 @@ impl GateTarget {
             None => problem(Reason::HolderUnknown, self.no_holder(&role)),
         }
     }
+}
+
+/// The 503 of a partition this instance defines differently from the
+/// store's record: its keys would land on other roles than the fleet's.
+fn mismatch_problem(partition: &RolePartition) -> Option<Problem> {
+    let def = partition.definition()?;
+    let crate::lease::DefinitionState::Mismatch { epoch, recorded } = &def.state else {
+        return None;
+    };
+    let name = partition.name();
+    let detail = format!(
+        "partition `{name}` is defined here as `{}` but the lease store records `{recorded}` (epoch {epoch}); this instance neither holds nor serves its roles until it is deployed with the recorded definition",
+        def.configured
+    );
+    Some(Problem::new(Reason::PartitionMismatch, detail).partition(Some(name.clone())))
 }
 
 /// The 400 for a partition route whose key is missing or unusable.

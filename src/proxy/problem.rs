@@ -42,6 +42,10 @@ pub enum Reason {
     BadBody,
     /// `CONNECT` is not proxied.
     MethodNotAllowed,
+    /// This instance's definition of the partition (count, hash, scopes)
+    /// differs from the one the store records: it neither holds nor serves
+    /// the partition's roles.
+    PartitionMismatch,
     /// The role moved (its term ended) while a local request was running.
     TermEnded,
     /// A hop-marked request came on a connection without a peer gateway's
@@ -51,7 +55,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::MissingKey,
         Reason::HolderUnknown,
         Reason::HolderUnreachable,
@@ -67,6 +71,7 @@ impl Reason {
         Reason::MethodNotAllowed,
         Reason::PeerCertificateRequired,
         Reason::TermEnded,
+        Reason::PartitionMismatch,
     ];
 
     /// The reason's name, as in the problem body and metrics.
@@ -87,6 +92,7 @@ impl Reason {
             Reason::MethodNotAllowed => "method-not-allowed",
             Reason::PeerCertificateRequired => "peer-certificate-required",
             Reason::TermEnded => "term-ended",
+            Reason::PartitionMismatch => "partition-mismatch",
         }
     }
 
@@ -123,6 +129,7 @@ impl Reason {
             Reason::MethodNotAllowed => "Method not allowed",
             Reason::PeerCertificateRequired => "Peer certificate required",
             Reason::TermEnded => "Role moved while the request ran",
+            Reason::PartitionMismatch => "Partition defined differently here",
         }
     }
 }

@@ -10,8 +10,8 @@ use futures_util::{stream, FutureExt};
 use tokio::sync::broadcast;
 
 use super::{
-    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member, RoleName,
-    StoreError,
+    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord,
+    RoleName, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -27,6 +27,8 @@ struct Record {
 pub struct MemoryStore {
     table: Mutex<BTreeMap<String, Record>>,
     members: Mutex<BTreeMap<String, (Member, Instant)>>,
+    /// Partition definitions: (definition, epoch, settled at).
+    partitions: Mutex<BTreeMap<String, (String, u64, Instant)>>,
     changes: broadcast::Sender<()>,
 }
 
@@ -42,6 +44,7 @@ impl MemoryStore {
         Self {
             table: Mutex::new(BTreeMap::new()),
             members: Mutex::new(BTreeMap::new()),
+            partitions: Mutex::new(BTreeMap::new()),
             changes: broadcast::channel(64).0,
         }
     }
@@ -202,6 +205,7 @@ impl LeaseStore for MemoryStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         async move {
@@ -211,10 +215,68 @@ impl LeaseStore for MemoryStore {
                 id: me.id.clone(),
                 address: me.address.clone(),
                 candidate,
+                routes: routes.to_string(),
             };
             members.insert(me.id.clone(), (record, now + ttl));
             members.retain(|_, (_, until)| *until > now);
             Ok(members.values().map(|(m, _)| m.clone()).collect())
+        }
+        .boxed()
+    }
+
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let t = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+            Ok(t.iter()
+                .map(|(name, (def, epoch, settled))| {
+                    partition_record(name, def, *epoch, *settled, now)
+                })
+                .collect())
+        }
+        .boxed()
+    }
+
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let mut t = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+            let (def, epoch, settled) = t
+                .entry(name.to_string())
+                .or_insert_with(|| (definition.to_string(), 1, now));
+            Ok(partition_record(name, def, *epoch, *settled, now))
+        }
+        .boxed()
+    }
+
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let record = {
+                let mut t = self.partitions.lock().unwrap_or_else(|p| p.into_inner());
+                let epoch = t.get(name).map_or(0, |r| r.1);
+                if epoch != from_epoch {
+                    return Ok(None);
+                }
+                let settled = now + settle;
+                t.insert(
+                    name.to_string(),
+                    (definition.to_string(), epoch + 1, settled),
+                );
+                partition_record(name, definition, epoch + 1, settled, now)
+            };
+            let _ = self.changes.send(());
+            Ok(Some(record))
         }
         .boxed()
     }
@@ -228,5 +290,20 @@ impl LeaseStore for MemoryStore {
             Ok(())
         }
         .boxed()
+    }
+}
+
+fn partition_record(
+    name: &str,
+    definition: &str,
+    epoch: u64,
+    settled: Instant,
+    now: Instant,
+) -> PartitionRecord {
+    PartitionRecord {
+        name: name.to_string(),
+        definition: definition.to_string(),
+        epoch,
+        settling: settled.saturating_duration_since(now),
     }
 }

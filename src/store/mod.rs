@@ -110,6 +110,25 @@ pub struct Member {
     pub address: String,
     /// Whether it contends for roles.
     pub candidate: bool,
+    /// The fingerprint of its route table (empty when it published none).
+    pub routes: String,
+}
+
+/// A partition's definition as the store records it: what decides which
+/// role owns a key. Instances whose configuration disagrees with it neither
+/// hold nor serve the partition's roles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionRecord {
+    /// The partition's name.
+    pub name: String,
+    /// The definition text (count, hash version, scopes), compared as is.
+    pub definition: String,
+    /// 1 for the first record; each change adds one.
+    pub epoch: u64,
+    /// Time left, by the store's clock, before any instance may serve the
+    /// partition after its last change (zero once settled): long enough
+    /// that every term begun under the previous definition has ended.
+    pub settling: Duration,
 }
 
 /// A row of the lease table as the store sees it now.
@@ -177,18 +196,46 @@ pub trait LeaseStore: Send + Sync + 'static {
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>>;
 
     /// Writes this instance's presence record (expiring `ttl` from now by the
-    /// store's clock) and reads every unexpired one, itself included, in one
-    /// round trip. Records expired long ago are removed on the way.
+    /// store's clock, with its route-table fingerprint `routes`) and reads
+    /// every unexpired one, itself included, in one round trip. Records
+    /// expired long ago are removed on the way.
     fn presence<'a>(
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>>;
 
     /// Removes this instance's presence record (graceful stop), so the others
     /// rebalance at once instead of at its expiry.
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Reads every recorded partition definition in one round trip.
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>>;
+
+    /// Records `definition` for partition `name` unless one is recorded
+    /// already (first registration: no settling), and returns the record in
+    /// force, whichever instance wrote it. Two instances racing with
+    /// different definitions see the same winner.
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>>;
+
+    /// Replaces the record of partition `name` with `definition` if its
+    /// epoch is still `from_epoch` (0: no record yet), in one atomic step:
+    /// the epoch goes up by one and the partition settles for `settle` by
+    /// the store's clock. Wakes every subscriber. `None` when the epoch had
+    /// moved on (someone else changed it first).
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>>;
 
     /// Checks, changing nothing, that a gateway could run against the store
     /// as it is: the schema is applied and readable, and (where the store
@@ -268,4 +315,29 @@ pub fn check_files(config: &StoreConfig) -> Result<(), StoreError> {
 /// saturating, for SQL parameters.
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// The value of a presence record in the key-value stores (Redis, etcd):
+/// `{0|1} {address}`, then a newline and the route-table fingerprint when
+/// there is one.
+pub(crate) fn member_value(candidate: bool, address: &str, routes: &str) -> String {
+    let mut value = format!("{} {address}", u8::from(candidate));
+    if !routes.is_empty() {
+        value.push('\n');
+        value.push_str(routes);
+    }
+    value
+}
+
+/// Reads a presence value written by [`member_value`] (or by a version
+/// without fingerprints).
+pub(crate) fn parse_member(id: &str, value: &str) -> Option<Member> {
+    let (head, routes) = value.split_once('\n').unwrap_or((value, ""));
+    let (flag, address) = head.split_once(' ')?;
+    Some(Member {
+        id: id.to_string(),
+        address: address.to_string(),
+        candidate: flag == "1",
+        routes: routes.to_string(),
+    })
 }

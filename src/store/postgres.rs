@@ -13,11 +13,11 @@ use sqlx::postgres::{
 };
 use sqlx::Connection;
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, Target};
+use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
 use super::tls::PgTlsParams;
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, RoleName, StoreError,
+    LeaseStore, Member, PartitionRecord, RoleName, StoreError,
 };
 
 /// How long the direct connection attempt that explains a pool timeout may take.
@@ -41,12 +41,22 @@ struct Statements {
     snapshot_all: String,
     presence: String,
     leave: String,
+    partitions: String,
+    partition: String,
+    define_partition: String,
+    redefine_partition: String,
 }
 
 impl Statements {
     fn new(table: &str) -> Self {
-        let lease_row = [("lease_row", include_str!("sql/postgres/lease_row.sql"))];
-        let render = |template| sql::render(template, table, &lease_row);
+        let fragments = [
+            ("lease_row", include_str!("sql/postgres/lease_row.sql")),
+            (
+                "partition_row",
+                include_str!("sql/postgres/partition_row.sql"),
+            ),
+        ];
+        let render = |template| sql::render(template, table, &fragments);
         Self {
             migrate: render(include_str!("sql/postgres/migrate.sql")),
             register: render(include_str!("sql/postgres/register.sql")),
@@ -56,6 +66,10 @@ impl Statements {
             snapshot_all: render(include_str!("sql/postgres/snapshot_all.sql")),
             presence: render(include_str!("sql/postgres/presence.sql")),
             leave: render(include_str!("sql/postgres/leave.sql")),
+            partitions: render(include_str!("sql/postgres/partitions.sql")),
+            partition: render(include_str!("sql/postgres/partition.sql")),
+            define_partition: render(include_str!("sql/postgres/define_partition.sql")),
+            redefine_partition: render(include_str!("sql/postgres/redefine_partition.sql")),
         }
     }
 }
@@ -245,7 +259,9 @@ impl LeaseStore for PostgresStore {
                 "SELECT t || ': ' || p FROM (VALUES \
                  ('{table}', 'SELECT'), ('{table}', 'INSERT'), ('{table}', 'UPDATE'), \
                  ('{table}_members', 'SELECT'), ('{table}_members', 'INSERT'), \
-                 ('{table}_members', 'UPDATE'), ('{table}_members', 'DELETE')) AS need(t, p) \
+                 ('{table}_members', 'UPDATE'), ('{table}_members', 'DELETE'), \
+                 ('{table}_partitions', 'SELECT'), ('{table}_partitions', 'INSERT'), \
+                 ('{table}_partitions', 'UPDATE')) AS need(t, p) \
                  WHERE NOT has_table_privilege(t, p)"
             );
             let query = sqlx::query_scalar::<_, String>(&sql).fetch_all(&self.pool);
@@ -287,9 +303,64 @@ impl LeaseStore for PostgresStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        self.presence_call(me, candidate, ttl)
+        self.presence_call(me, candidate, routes, ttl)
+    }
+
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
+        async move {
+            let query = sqlx::query_as::<_, PartitionRow>(&self.sql.partitions);
+            let rows = self.run("partitions", query.fetch_all(&self.pool)).await?;
+            Ok(rows.into_iter().map(PartitionRecord::from).collect())
+        }
+        .boxed()
+    }
+
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>> {
+        async move {
+            let insert = sqlx::query(&self.sql.define_partition)
+                .bind(name)
+                .bind(definition)
+                .execute(&self.pool);
+            self.run("define_partition", insert).await?;
+            let read = sqlx::query_as::<_, PartitionRow>(&self.sql.partition)
+                .bind(name)
+                .fetch_one(&self.pool);
+            Ok(self.run("define_partition", read).await?.into())
+        }
+        .boxed()
+    }
+
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>> {
+        async move {
+            let change = sqlx::query_scalar::<_, i64>(&self.sql.redefine_partition)
+                .bind(name)
+                .bind(definition)
+                .bind(from_epoch as i64)
+                .bind(millis(settle))
+                .fetch_one(&self.pool);
+            if self.run("redefine_partition", change).await? == 0 {
+                return Ok(None);
+            }
+            let read = sqlx::query_as::<_, PartitionRow>(&self.sql.partition)
+                .bind(name)
+                .fetch_optional(&self.pool);
+            let row = self.run("redefine_partition", read).await?;
+            Ok(row.map(PartitionRecord::from))
+        }
+        .boxed()
     }
 
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -309,6 +380,7 @@ impl PostgresStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         async move {
@@ -317,6 +389,7 @@ impl PostgresStore {
                 .bind(&me.address)
                 .bind(candidate)
                 .bind(millis(ttl))
+                .bind(routes)
                 .fetch_all(&self.pool);
             let rows = self.run("presence", query).await?;
             Ok(rows.into_iter().map(Member::from).collect())
@@ -346,6 +419,10 @@ mod tests {
             &s.snapshot_all,
             &s.presence,
             &s.leave,
+            &s.partitions,
+            &s.partition,
+            &s.define_partition,
+            &s.redefine_partition,
         ] {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
             assert!(sql.contains("leases"), "{sql}");

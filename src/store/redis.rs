@@ -24,7 +24,7 @@ use tokio::sync::Mutex;
 
 use super::{
     check_table_name, check_tls_rules, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, RoleName, StoreError, StoreKind, StoreTls,
+    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError, StoreKind, StoreTls,
 };
 
 /// Leases in one Redis primary, under the key namespace `ns`.
@@ -39,6 +39,7 @@ pub struct RedisStore {
     snapshot: redis::Script,
     presence: redis::Script,
     leave: redis::Script,
+    partitions: redis::Script,
 }
 
 impl RedisStore {
@@ -87,6 +88,7 @@ impl RedisStore {
             snapshot: redis::Script::new(include_str!("redis/snapshot.lua")),
             presence: redis::Script::new(include_str!("redis/presence.lua")),
             leave: redis::Script::new(include_str!("redis/leave.lua")),
+            partitions: redis::Script::new(include_str!("redis/partitions.lua")),
         })
     }
 
@@ -100,6 +102,29 @@ impl RedisStore {
             };
             StoreError::unavailable(context, e)
         }
+    }
+
+    /// Runs the partition script (`redis/partitions.lua`) with `args`.
+    async fn partitions_call(&self, args: &[&str]) -> Result<Vec<PartitionRecord>, StoreError> {
+        let mut c = self.conn().await?;
+        let mut call = self.partitions.key(format!("{}:partitions", self.ns));
+        for a in args {
+            call.arg(*a);
+        }
+        let out: Vec<String> = call
+            .invoke_async(&mut c)
+            .await
+            .map_err(self.error("partitions"))?;
+        Ok(out
+            .chunks(4)
+            .filter(|r| r.len() == 4)
+            .map(|r| PartitionRecord {
+                name: r[0].clone(),
+                epoch: r[1].parse().unwrap_or(0),
+                settling: Duration::from_millis(r[2].parse().unwrap_or(0)),
+                definition: r[3].clone(),
+            })
+            .collect())
     }
 
     async fn conn(&self) -> Result<ConnectionManager, StoreError> {
@@ -345,6 +370,7 @@ impl LeaseStore for RedisStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         async move {
@@ -357,20 +383,50 @@ impl LeaseStore for RedisStore {
                 .arg(&me.address)
                 .arg(if candidate { "1" } else { "0" })
                 .arg(millis(ttl))
+                .arg(routes)
                 .invoke_async(&mut c)
                 .await
                 .map_err(self.error("presence"))?;
             Ok(out
                 .chunks(2)
-                .filter_map(|pair| {
-                    let (flag, address) = pair.get(1)?.split_once(' ')?;
-                    Some(Member {
-                        id: pair[0].clone(),
-                        address: address.to_string(),
-                        candidate: flag == "1",
-                    })
-                })
+                .filter_map(|pair| super::parse_member(&pair[0], pair.get(1)?))
                 .collect())
+        }
+        .boxed()
+    }
+
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
+        async move { self.partitions_call(&["read", "", "", "0", "0", ""]).await }.boxed()
+    }
+
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>> {
+        async move {
+            let args = ["define", name, definition, "0", "0", ""];
+            let mut records = self.partitions_call(&args).await?;
+            records.pop().ok_or_else(|| {
+                let e = format!("Redis at {}: define_partition returned no record", self.at);
+                StoreError::decode(e, "empty reply")
+            })
+        }
+        .boxed()
+    }
+
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>> {
+        async move {
+            let (epoch, settle) = (from_epoch.to_string(), millis(settle).to_string());
+            let channel = self.channel();
+            let args = ["redefine", name, definition, &epoch, &settle, &channel];
+            Ok(self.partitions_call(&args).await?.pop())
         }
         .boxed()
     }

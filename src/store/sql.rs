@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::{Grant, LeaseRecord, Member, StoreError};
+use super::{Grant, LeaseRecord, Member, PartitionRecord, StoreError};
 
 /// The `op` of a failed connection attempt, for [`Target::error`].
 pub(super) const CONNECT: &str = "connect";
@@ -69,6 +69,7 @@ pub(super) struct MemberRow {
     instance_id: String,
     address: String,
     candidate: bool,
+    routes: String,
 }
 
 impl From<MemberRow> for Member {
@@ -77,6 +78,27 @@ impl From<MemberRow> for Member {
             id: row.instance_id,
             address: row.address,
             candidate: row.candidate,
+            routes: row.routes,
+        }
+    }
+}
+
+/// A partition definition as the partition statements return it.
+#[derive(sqlx::FromRow)]
+pub(super) struct PartitionRow {
+    name: String,
+    definition: String,
+    epoch: i64,
+    settling_ms: i64,
+}
+
+impl From<PartitionRow> for PartitionRecord {
+    fn from(row: PartitionRow) -> Self {
+        PartitionRecord {
+            name: row.name,
+            definition: row.definition,
+            epoch: row.epoch.max(0) as u64,
+            settling: Duration::from_millis(row.settling_ms.max(0) as u64),
         }
     }
 }

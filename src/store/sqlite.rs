@@ -14,10 +14,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, Target};
+use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
 use super::{
     check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, RoleName, StoreError,
+    LeaseStore, Member, PartitionRecord, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
@@ -27,6 +27,7 @@ const POLL_EVERY: Duration = Duration::from_millis(20);
 pub struct SqliteStore {
     pool: SqlitePool,
     target: Target,
+    table: String,
     sql: Statements,
 }
 
@@ -44,6 +45,11 @@ struct Statements {
     presence_read: String,
     leave: String,
     wake: String,
+    partitions: String,
+    partition: String,
+    define_partition: String,
+    insert_partition: String,
+    redefine_partition: String,
 }
 
 impl Statements {
@@ -66,6 +72,11 @@ impl Statements {
             presence_read: render(include_str!("sql/sqlite/presence_read.sql")),
             leave: render(include_str!("sql/sqlite/leave.sql")),
             wake: render(include_str!("sql/sqlite/wake.sql")),
+            partitions: render(include_str!("sql/sqlite/partitions.sql")),
+            partition: render(include_str!("sql/sqlite/partition.sql")),
+            define_partition: render(include_str!("sql/sqlite/define_partition.sql")),
+            insert_partition: render(include_str!("sql/sqlite/insert_partition.sql")),
+            redefine_partition: render(include_str!("sql/sqlite/redefine_partition.sql")),
         }
     }
 }
@@ -97,6 +108,7 @@ impl SqliteStore {
         Ok(Self {
             pool,
             target,
+            table: table.to_string(),
             sql: Statements::new(table),
         })
     }
@@ -140,6 +152,7 @@ impl SqliteStore {
         &self,
         me: &InstanceInfo,
         candidate: bool,
+        routes: &str,
         ttl: Duration,
     ) -> Result<Vec<Member>, StoreError> {
         let mut tx = self.pool.begin().await.map_err(self.error("presence"))?;
@@ -148,6 +161,7 @@ impl SqliteStore {
             .bind(&me.address)
             .bind(candidate)
             .bind(millis(ttl))
+            .bind(routes)
             .execute(&mut *tx)
             .await
             .map_err(self.error("presence"))?;
@@ -161,6 +175,67 @@ impl SqliteStore {
             .map_err(self.error("presence"))?;
         tx.commit().await.map_err(self.error("presence"))?;
         Ok(rows.into_iter().map(Member::from).collect())
+    }
+
+    /// Adds the presence records' `routes` column to a table made before it
+    /// (SQLite has no `ADD COLUMN IF NOT EXISTS`; a concurrent migrate that
+    /// added it first is fine).
+    async fn add_routes_column(&self) -> Result<(), StoreError> {
+        let table = &self.table;
+        let has: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM pragma_table_info('{table}_members') WHERE name = 'routes'"
+        ))
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.error("migrate"))?;
+        if has > 0 {
+            return Ok(());
+        }
+        let alter =
+            format!("ALTER TABLE {table}_members ADD COLUMN routes TEXT NOT NULL DEFAULT ''");
+        match sqlx::query(&alter).execute(&self.pool).await {
+            Ok(_) => Ok(()),
+            Err(sqlx::Error::Database(db)) if db.message().contains("duplicate column") => Ok(()),
+            Err(e) => Err(self.target.error("migrate", e)),
+        }
+    }
+
+    async fn redefine_call(
+        &self,
+        name: &str,
+        from_epoch: u64,
+        definition: &str,
+        settle: Duration,
+    ) -> Result<Option<PartitionRecord>, StoreError> {
+        let op = "redefine_partition";
+        let mut tx = self.pool.begin().await.map_err(self.error(op))?;
+        let change = if from_epoch == 0 {
+            sqlx::query(&self.sql.insert_partition)
+                .bind(name)
+                .bind(definition)
+                .bind(millis(settle))
+        } else {
+            sqlx::query(&self.sql.redefine_partition)
+                .bind(name)
+                .bind(definition)
+                .bind(from_epoch as i64)
+                .bind(millis(settle))
+        };
+        let changed = change.execute(&mut *tx).await.map_err(self.error(op))?;
+        if changed.rows_affected() == 0 {
+            return Ok(None);
+        }
+        let row = sqlx::query_as::<_, PartitionRow>(&self.sql.partition)
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(self.error(op))?;
+        sqlx::query(&self.sql.wake)
+            .execute(&mut *tx)
+            .await
+            .map_err(self.error(op))?;
+        tx.commit().await.map_err(self.error(op))?;
+        Ok(Some(row.into()))
     }
 
     async fn leave_call(&self, me: &InstanceInfo) -> Result<(), StoreError> {
@@ -203,7 +278,7 @@ impl LeaseStore for SqliteStore {
                 .execute(&self.pool)
                 .await
                 .map_err(self.error("migrate"))?;
-            Ok(())
+            self.add_routes_column().await
         }
         .boxed()
     }
@@ -323,9 +398,57 @@ impl LeaseStore for SqliteStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        self.presence_call(me, candidate, ttl).boxed()
+        self.presence_call(me, candidate, routes, ttl).boxed()
+    }
+
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
+        async move {
+            let rows = sqlx::query_as::<_, PartitionRow>(&self.sql.partitions)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(self.error("partitions"))?;
+            Ok(rows.into_iter().map(PartitionRecord::from).collect())
+        }
+        .boxed()
+    }
+
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>> {
+        async move {
+            let op = "define_partition";
+            let mut tx = self.pool.begin().await.map_err(self.error(op))?;
+            sqlx::query(&self.sql.define_partition)
+                .bind(name)
+                .bind(definition)
+                .execute(&mut *tx)
+                .await
+                .map_err(self.error(op))?;
+            let row = sqlx::query_as::<_, PartitionRow>(&self.sql.partition)
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(self.error(op))?;
+            tx.commit().await.map_err(self.error(op))?;
+            Ok(row.into())
+        }
+        .boxed()
+    }
+
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>> {
+        self.redefine_call(name, from_epoch, definition, settle)
+            .boxed()
     }
 
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
@@ -348,6 +471,11 @@ mod tests {
             &s.snapshot,
             &s.snapshot_all,
             &s.generation,
+            &s.partitions,
+            &s.partition,
+            &s.define_partition,
+            &s.insert_partition,
+            &s.redefine_partition,
         ] {
             assert!(!sql.contains('{') && !sql.contains('}'), "{sql}");
             assert!(sql.contains("leases"), "{sql}");

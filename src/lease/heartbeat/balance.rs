@@ -138,9 +138,12 @@ impl HeartbeatLoop {
         };
         let shared = self.shared.clone();
         self.calls_this_tick += 1;
-        let call = shared
-            .store()
-            .presence(shared.instance(), shared.is_candidate(), ttl);
+        let call = shared.store().presence(
+            shared.instance(),
+            shared.is_candidate(),
+            shared.routes(),
+            ttl,
+        );
         let t_sent = Instant::now();
         let result = tokio::time::timeout(shared.op_timeout(), call).await;
         Self::record_latency("presence", t_sent);

@@ -106,6 +106,11 @@ impl HeartbeatLoop {
             // whatever the balance prefers or a drain says (a handover or the
             // stop's release moves it on afterwards), or the role would stay
             // the store's and unserved until it expired.
+            if !self.definition_allows(i) {
+                // Not this instance's meaning of the partition's keys (or
+                // not settled yet): its roles are neither renewed nor taken.
+                continue;
+            }
             if held_token.is_some() || (!draining && free_turn) {
                 let meta = self.shared.role(i);
                 claims.push(Claim::renewable(
@@ -130,7 +135,8 @@ impl HeartbeatLoop {
     ) {
         let shared = self.shared.clone();
         let meta = shared.role(i);
-        let deadline = t_sent + meta.timings.duration - meta.timings.safety_margin;
+        let trusted_from = self.trusted_from(i, t_sent);
+        let deadline = trusted_from + meta.timings.duration - meta.timings.safety_margin;
         if granted.is_some() && self.roles[i].held.is_some_and(|h| h.held_until <= t_recv) {
             // The term's deadline passed while this claim was out: readers
             // stopped trusting it then. It failed closed; if the store kept
@@ -186,7 +192,7 @@ impl HeartbeatLoop {
                 st.token = token;
                 st.holder = Some(shared.instance_id().clone());
                 st.holder_address = Some(shared.instance().address.as_str().into());
-                st.holder_valid_until = Some(t_sent + meta.timings.duration);
+                st.holder_valid_until = Some(trusted_from + meta.timings.duration);
             }
             Some(token) => {
                 // Late: the grant may already be unsafe to act on. Fail closed;

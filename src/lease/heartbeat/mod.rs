@@ -24,6 +24,7 @@ use super::snapshot::{HolderSnapshot, RoleState};
 use super::TermEndReason;
 mod balance;
 mod claim;
+mod definitions;
 
 use super::state::{Counters, LeaseEvent, LeaseState};
 use crate::role::RoleName;
@@ -86,6 +87,8 @@ pub(super) struct HeartbeatLoop {
     warnings: telemetry::WarnGate,
     /// Partition balancing, when a partition has it on.
     balance: Option<balance::Balancer>,
+    /// The store's partition definitions, when there are partitions.
+    definitions: Option<definitions::Definitions>,
 }
 
 impl HeartbeatLoop {
@@ -107,6 +110,7 @@ impl HeartbeatLoop {
             .collect();
         Self {
             balance: balance::Balancer::new(&shared),
+            definitions: definitions::Definitions::new(&shared),
             shared,
             roles,
             ended: Vec::new(),
@@ -294,6 +298,9 @@ impl HeartbeatLoop {
         }
         self.expire_local(Instant::now());
 
+        // The definitions first: a partition term is trusted from no later
+        // than this read, which confirms what its keys mean.
+        self.check_definitions().await;
         // Read first, so a role freed since the last tick (a notification woke
         // us) is claimed in this same tick.
         self.read_snapshot().await;
@@ -448,6 +455,11 @@ impl HeartbeatLoop {
             last_ok_sent: self.last_ok_sent,
             candidate: self.shared.is_candidate(),
             draining: self.shared.is_draining(),
+            definitions: self
+                .definitions
+                .as_ref()
+                .map(|d| d.views())
+                .unwrap_or_default(),
         };
         let previous = self.shared.publish(snapshot);
         if !self.ended.is_empty() {

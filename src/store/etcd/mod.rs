@@ -33,6 +33,7 @@ mod keepalive;
 mod keys;
 mod members;
 mod once;
+mod partitions;
 mod presence;
 
 use std::collections::HashMap;
@@ -51,7 +52,7 @@ use super::error::{with_sources, BoxError};
 use super::tls::etcd_uses_https;
 use super::{
     check_table_name, check_tls_rules, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, RoleName, StoreError, StoreKind, StoreTls, TlsRuleError,
+    LeaseStore, Member, PartitionRecord, RoleName, StoreError, StoreKind, StoreTls, TlsRuleError,
 };
 use keepalive::{InstanceLease, Renewal};
 use members::{CallError, Members, Patience};
@@ -531,9 +532,33 @@ impl LeaseStore for EtcdStore {
         &'a self,
         me: &'a InstanceInfo,
         candidate: bool,
+        routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        self.presence_call(me, candidate, ttl).boxed()
+        self.presence_call(me, candidate, routes, ttl).boxed()
+    }
+
+    fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
+        self.read_partitions().boxed()
+    }
+
+    fn define_partition<'a>(
+        &'a self,
+        name: &'a str,
+        definition: &'a str,
+    ) -> BoxFuture<'a, Result<PartitionRecord, StoreError>> {
+        self.define_call(name, definition).boxed()
+    }
+
+    fn redefine_partition<'a>(
+        &'a self,
+        name: &'a str,
+        from_epoch: u64,
+        definition: &'a str,
+        settle: Duration,
+    ) -> BoxFuture<'a, Result<Option<PartitionRecord>, StoreError>> {
+        self.redefine_call(name, from_epoch, definition, settle)
+            .boxed()
     }
 
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {

@@ -18,10 +18,11 @@ impl EtcdStore {
         &self,
         me: &InstanceInfo,
         candidate: bool,
+        routes: &str,
         ttl: Duration,
     ) -> Result<Vec<Member>, StoreError> {
         let (lease, _, _) = self.keep_alive(&me.id, ttl).await?;
-        let value = format!("{} {}", u8::from(candidate), me.address);
+        let value = crate::store::member_value(candidate, &me.address, routes);
         let prefix = format!("{}/members/", self.ns);
         let txn = Txn::new().and_then([
             TxnOp::put(
@@ -41,14 +42,8 @@ impl EtcdStore {
                 let (Ok(key), Ok(value)) = (kv.key_str(), kv.value_str()) else {
                     continue;
                 };
-                let Some((flag, address)) = value.split_once(' ') else {
-                    continue;
-                };
-                members.push(Member {
-                    id: key.trim_start_matches(prefix.as_str()).to_string(),
-                    address: address.to_string(),
-                    candidate: flag == "1",
-                });
+                let id = key.trim_start_matches(prefix.as_str());
+                members.extend(crate::store::parse_member(id, value));
             }
         }
         Ok(members)

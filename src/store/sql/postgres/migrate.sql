@@ -35,3 +35,13 @@ CREATE TABLE IF NOT EXISTS {table}_members (
     candidate    boolean NOT NULL,
     expires_at   timestamptz NOT NULL
 );
+-- The route-table fingerprint each member publishes (empty: none).
+ALTER TABLE {table}_members ADD COLUMN IF NOT EXISTS routes text NOT NULL DEFAULT '';
+-- Partition definitions: what decides which role owns a key. The epoch goes
+-- up with every change; no instance serves the partition before settled_at.
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    name        text PRIMARY KEY,
+    definition  text NOT NULL,
+    epoch       bigint NOT NULL,
+    settled_at  timestamptz NOT NULL
+);

@@ -25,5 +25,16 @@ CREATE TABLE IF NOT EXISTS {table}_members (
     instance_id    TEXT PRIMARY KEY,
     address        TEXT NOT NULL,
     candidate      INTEGER NOT NULL,
-    expires_at_ms  INTEGER NOT NULL
+    expires_at_ms  INTEGER NOT NULL,
+    routes         TEXT NOT NULL DEFAULT ''
+);
+-- Partition definitions: what decides which role owns a key. The epoch goes
+-- up with every change; no instance serves the partition before
+-- settled_at_ms. (Tables from before the routes column get it from the
+-- store's migrate, which SQLite cannot say conditionally here.)
+CREATE TABLE IF NOT EXISTS {table}_partitions (
+    name           TEXT PRIMARY KEY,
+    definition     TEXT NOT NULL,
+    epoch          INTEGER NOT NULL,
+    settled_at_ms  INTEGER NOT NULL
 );
