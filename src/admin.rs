@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
 use tokio::net::TcpListener;
 
-use crate::lease::Coordinator;
+use crate::lease::{Coordinator, DefinitionState};
 use crate::proxy::hold::Holds;
 
 #[derive(Serialize)]
@@ -31,6 +31,9 @@ pub struct MemberView {
     pub id: String,
     pub address: String,
     pub candidate: bool,
+    /// How its route table differs from this instance's (empty: alike, or
+    /// it published none).
+    pub route_differences: Vec<String>,
 }
 
 /// One partition: how many of its roles this instance holds, and the fair
@@ -42,6 +45,16 @@ pub struct PartitionView {
     pub balanced: bool,
     pub held_here: usize,
     pub share: Option<[usize; 2]>,
+    /// This instance's definition (count, hash version, scopes).
+    pub definition: String,
+    /// How it stands against the store's record: `serving`, `settling`,
+    /// `mismatch` (neither held nor served here) or `unread`.
+    pub state: &'static str,
+    /// The definition the store records, and its epoch, once read.
+    pub recorded: Option<String>,
+    pub epoch: Option<u64>,
+    /// While settling: the time left before the partition is served.
+    pub settles_in_ms: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -103,6 +116,10 @@ pub fn leases_view(
                 id: m.id.clone(),
                 address: m.address.clone(),
                 candidate: m.candidate,
+                route_differences: crate::lease::route_differences(
+                    c.routes_fingerprint(),
+                    &m.routes,
+                ),
             })
             .collect(),
         partitions: partition_views(c, &snap),
@@ -153,12 +170,38 @@ fn partition_views(c: &Coordinator, snap: &crate::lease::HolderSnapshot) -> Vec<
             let balanced = p.is_balanced();
             let share = (balanced && candidates > 0)
                 .then(|| [count / candidates, count.div_ceil(candidates)]);
+            let def = p.definition();
+            let (state, recorded, epoch, settles_in) = match def.as_ref().map(|d| &d.state) {
+                Some(DefinitionState::Serving { epoch }) => {
+                    let here = def.as_ref().map(|d| d.configured.to_string());
+                    ("serving", here, Some(*epoch), None)
+                }
+                Some(DefinitionState::Settling { epoch, until }) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    let here = def.as_ref().map(|d| d.configured.to_string());
+                    (
+                        "settling",
+                        here,
+                        Some(*epoch),
+                        Some(left.as_millis() as u64),
+                    )
+                }
+                Some(DefinitionState::Mismatch { epoch, recorded }) => {
+                    ("mismatch", Some(recorded.to_string()), Some(*epoch), None)
+                }
+                Some(DefinitionState::Unread) | None => ("unread", None, None, None),
+            };
             PartitionView {
                 name: p.name().to_string(),
                 count: p.count(),
                 balanced,
                 held_here,
                 share,
+                definition: def.map(|d| d.configured.to_string()).unwrap_or_default(),
+                state,
+                recorded,
+                epoch,
+                settles_in_ms: settles_in,
             }
         })
         .collect()
@@ -338,7 +381,15 @@ fn spread_html(v: &LeasesView) -> String {
                 } else {
                     " (not a candidate)"
                 };
-                format!("{}{cand}", escape(&m.id))
+                let routes = if m.route_differences.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " <b>(routes differ: {})</b>",
+                        escape(&m.route_differences.join("; "))
+                    )
+                };
+                format!("{}{cand}{routes}", escape(&m.id))
             })
             .collect();
         out.push_str(&format!(
@@ -352,8 +403,21 @@ fn spread_html(v: &LeasesView) -> String {
             None if p.balanced => String::new(),
             None => " (not balanced)".into(),
         };
+        let standing = match (p.state, &p.recorded) {
+            ("mismatch", Some(r)) => format!(
+                " · <b>MISMATCH</b>: defined here as <code>{}</code>, the store records <code>{}</code>; not served here",
+                escape(&p.definition),
+                escape(r)
+            ),
+            ("settling", _) => format!(
+                " · settling after a change: served in {:.1} s",
+                p.settles_in_ms.unwrap_or(0) as f64 / 1000.0
+            ),
+            ("unread", _) => " · definition not read from the store yet".to_string(),
+            _ => String::new(),
+        };
         out.push_str(&format!(
-            "<div class=\"meta\">partition <b>{}</b>: {} of {} held here{share}</div>\n",
+            "<div class=\"meta\">partition <b>{}</b>: {} of {} held here{share}{standing}</div>\n",
             escape(&p.name),
             p.held_here,
             p.count

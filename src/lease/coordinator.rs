@@ -336,6 +336,12 @@ impl Coordinator {
         self.shared.store().kind()
     }
 
+    /// The route-table fingerprint this instance publishes with its
+    /// presence record (empty when none was given).
+    pub fn routes_fingerprint(&self) -> &str {
+        self.shared.routes()
+    }
+
     /// The latest published snapshot (lock-free).
     pub fn snapshot(&self) -> Arc<HolderSnapshot> {
         self.shared.snapshot_full()

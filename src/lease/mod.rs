@@ -9,6 +9,7 @@
 
 mod balance;
 mod coordinator;
+mod fingerprint;
 mod handles;
 mod heartbeat;
 mod partition;
@@ -21,6 +22,7 @@ pub use coordinator::{
     Coordinator, CoordinatorBuilder, CoordinatorError, CoordinatorStats, NotReady, OneShotLease,
     DEFAULT_DRAIN_TIMEOUT,
 };
+pub use fingerprint::route_differences;
 pub use handles::TermWatch;
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
 pub use partition::{

@@ -30,7 +30,10 @@ macro_rules! for_each_check {
             presence_lists_live_members_and_forgets_gone_ones,
             one_shot_claims_from_one_instance_have_exactly_one_winner,
             one_shot_claim_is_refused_while_the_first_is_valid,
-            one_shot_lease_expires_and_the_next_claim_gets_a_greater_token
+            one_shot_lease_expires_and_the_next_claim_gets_a_greater_token,
+            partition_definition_has_one_first_record_and_changes_only_from_its_epoch,
+            partition_definition_change_settles_by_the_store_clock_and_wakes_subscribers,
+            presence_carries_each_members_route_fingerprint
         }
     };
 }
@@ -353,22 +356,124 @@ pub async fn presence_lists_live_members_and_forgets_gone_ones(
         ids.sort();
         ids
     };
-    let seen = store.presence(&a, true, ttl).await.expect("presence");
+    let seen = store.presence(&a, true, "", ttl).await.expect("presence");
     assert!(ids(&seen).contains(&a.id), "{seen:?}");
-    let seen = store.presence(&b, false, ttl).await.expect("presence");
+    let seen = store.presence(&b, false, "", ttl).await.expect("presence");
     let mine = seen.iter().find(|m| m.id == b.id).expect("b listed");
     assert_eq!(mine.address, b.address);
     assert!(!mine.candidate);
     let other = seen.iter().find(|m| m.id == a.id).expect("a listed");
     assert!(other.candidate);
     store.leave(&b).await.expect("leave");
-    let seen = store.presence(&a, true, ttl).await.unwrap();
+    let seen = store.presence(&a, true, "", ttl).await.unwrap();
     assert!(!ids(&seen).contains(&b.id), "b left: {seen:?}");
     // a stops refreshing: expired, it is no longer listed.
     scale.past(400).await;
-    let seen = store.presence(&c, true, ttl).await.unwrap();
+    let seen = store.presence(&c, true, "", ttl).await.unwrap();
     assert!(!ids(&seen).contains(&a.id), "a expired: {seen:?}");
     assert!(ids(&seen).contains(&c.id));
+}
+
+/// Presence records carry the route-table fingerprint each member wrote,
+/// and a member without one reads back as empty.
+pub async fn presence_carries_each_members_route_fingerprint(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let (a, b) = (instance(1), instance(2));
+    let ttl = Duration::from_millis(scale.ms(2_000));
+    let fp = r#"{"fold":true,"routes":{"/a b":"0badf00d"}}"#;
+    store.presence(&a, true, fp, ttl).await.expect("presence");
+    let seen = store.presence(&b, true, "", ttl).await.expect("presence");
+    let of = |id: &str| seen.iter().find(|m| m.id == id).expect("listed");
+    assert_eq!(of(&a.id).routes, fp);
+    assert_eq!(of(&a.id).address, a.address);
+    assert_eq!(of(&b.id).routes, "");
+    assert!(of(&b.id).candidate);
+}
+
+/// Two instances recording different definitions of one partition see the
+/// same winner; a change applies only from the epoch it was read at, so of
+/// two racing changes one wins.
+pub async fn partition_definition_has_one_first_record_and_changes_only_from_its_epoch(
+    store: Arc<dyn LeaseStore>,
+    _scale: Scale,
+) {
+    assert!(store.partitions().await.expect("read").is_empty());
+    let (x, y) = tokio::join!(
+        store.define_partition("devices", "count=12"),
+        store.define_partition("devices", "count=16"),
+    );
+    let (x, y) = (x.expect("define"), y.expect("define"));
+    assert_eq!(x, y, "both see the same record");
+    assert_eq!(x.epoch, 1);
+    assert!(
+        x.settling.is_zero(),
+        "a first record does not settle: {x:?}"
+    );
+    let winner = x.definition.clone();
+    // Defining again changes nothing.
+    let again = store.define_partition("devices", "count=99").await.unwrap();
+    assert_eq!(again.definition, winner);
+    // A change from a stale epoch is refused; from the current one it
+    // applies, once.
+    let settle = Duration::from_secs(30);
+    assert_eq!(
+        store
+            .redefine_partition("devices", 7, "count=20", settle)
+            .await
+            .unwrap(),
+        None
+    );
+    let (a, b) = tokio::join!(
+        store.redefine_partition("devices", 1, "count=20", settle),
+        store.redefine_partition("devices", 1, "count=24", settle),
+    );
+    let won: Vec<_> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+    assert_eq!(won.len(), 1, "one of two racing changes wins: {won:?}");
+    assert_eq!(won[0].epoch, 2);
+    let all = store.partitions().await.unwrap();
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert_eq!(all[0].definition, won[0].definition);
+    assert_eq!(all[0].epoch, 2);
+    // A partition with no record yet is changed from epoch 0.
+    let other = store
+        .redefine_partition("orders", 0, "count=4", settle)
+        .await
+        .unwrap()
+        .expect("recorded");
+    assert_eq!(other.epoch, 1);
+    assert_eq!(store.partitions().await.unwrap().len(), 2);
+}
+
+/// A change settles for the time asked, by the store's clock (the time
+/// left goes down and reaches zero), and wakes a subscriber.
+pub async fn partition_definition_change_settles_by_the_store_clock_and_wakes_subscribers(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    store.define_partition("devices", "count=12").await.unwrap();
+    let mut feed = store.subscribe().await.expect("subscribe");
+    // Only notices from here on count.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    while feed.try_recv().is_ok() {}
+    let settle = Duration::from_millis(scale.ms(1_000));
+    let changed = store
+        .redefine_partition("devices", 1, "count=16", settle)
+        .await
+        .unwrap()
+        .expect("changed");
+    assert!(!changed.settling.is_zero() && changed.settling <= settle + Duration::from_secs(1));
+    tokio::time::timeout(Duration::from_secs(5), feed.recv())
+        .await
+        .expect("a change notice within 5 s")
+        .expect("the feed is open");
+    let read = store.partitions().await.unwrap();
+    assert!(!read[0].settling.is_zero(), "still settling: {read:?}");
+    assert_eq!(read[0].definition, "count=16");
+    scale.past(1_300).await;
+    let read = store.partitions().await.unwrap();
+    assert!(read[0].settling.is_zero(), "settled: {read:?}");
 }
 
 /// A coordinator (one instance) on `store`, its loop holding a role of its

@@ -52,6 +52,9 @@ pub(super) struct Balancer {
     /// Per registered role: its preferred holder (balanced roles only).
     pub(super) preferred: Vec<Option<Arc<str>>>,
     handover: Option<Handover>,
+    /// Members whose route table differs from this one's, with how (each
+    /// logged once per difference).
+    route_differences: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl Balancer {
@@ -89,6 +92,7 @@ impl Balancer {
             grew: false,
             preferred: vec![None; shared.role_count()],
             handover: None,
+            route_differences: std::collections::BTreeMap::new(),
         })
     }
 
@@ -128,6 +132,26 @@ impl Balancer {
     }
 }
 
+impl Balancer {
+    /// Compares each live member's route-table fingerprint with this
+    /// instance's: one WARN per member and difference, and the gauge.
+    fn compare_routes(&mut self, mine: &str, members: &[Member]) {
+        let mut now = std::collections::BTreeMap::new();
+        for m in members {
+            let diff = crate::lease::route_differences(mine, &m.routes);
+            if diff.is_empty() {
+                continue;
+            }
+            if self.route_differences.get(&m.id) != Some(&diff) {
+                tracing::warn!(member = %m.id, differences = %diff.join("; "), "a live member routes differently from this instance; requests for these prefixes may be gated by different roles depending on which gateway they reach. Deploy one route table everywhere (docs/operations.md gives the safe order for moving a prefix)");
+            }
+            now.insert(m.id.clone(), diff);
+        }
+        metrics::gauge!(telemetry::ROUTE_MISMATCH).set(now.len() as f64);
+        self.route_differences = now;
+    }
+}
+
 impl HeartbeatLoop {
     /// Writes this instance's presence and reads the live members (one
     /// store call). A failure keeps the previous view: balancing only
@@ -154,6 +178,7 @@ impl HeartbeatLoop {
         };
         let roles: Vec<Arc<str>> = self.roles.iter().map(|r| r.state.name.clone()).collect();
         if let Some(b) = self.balance.as_mut() {
+            b.compare_routes(shared.routes(), &members);
             b.update(members, &roles, Instant::now());
         }
     }
