@@ -336,8 +336,10 @@ impl Coordinator {
         self.shared.store().kind()
     }
 
-    /// The route-table fingerprint this instance publishes with its
-    /// presence record (empty when none was given).
+    /// What this instance publishes with its presence record: the route
+    /// fingerprint it was given and its partition definitions, as JSON
+    /// (empty when it has neither). Compare with
+    /// [`route_differences`](crate::lease::route_differences).
     pub fn routes_fingerprint(&self) -> &str {
         self.shared.routes()
     }

@@ -151,7 +151,8 @@ pub(super) struct LeaseState {
     tick_every: Duration,
     /// Shortest trust window (`duration - safety_margin`) among all roles.
     op_timeout: Duration,
-    /// The route-table fingerprint published with the presence record.
+    /// What the presence record carries: the route-table fingerprint and
+    /// the partition definitions.
     routes: Arc<str>,
 }
 
@@ -163,6 +164,10 @@ impl LeaseState {
         hook: Option<IntervalHook>,
         routes: Arc<str>,
     ) -> LeaseState {
+        let mut registry_defs: Vec<(String, Arc<str>)> = (registry.partitions.iter())
+            .map(|(n, m)| (n.clone(), m.definition.clone()))
+            .collect();
+        registry_defs.sort();
         let roles = &registry.roles;
         let tick_every = roles
             .iter()
@@ -214,11 +219,16 @@ impl LeaseState {
             task: Mutex::new(None),
             tick_every,
             op_timeout,
-            routes,
+            routes: {
+                let defs: Vec<(&str, &str)> = (registry_defs.iter())
+                    .map(|(n, d)| (n.as_str(), &**d))
+                    .collect();
+                super::fingerprint::presence_payload(&routes, &defs).into()
+            },
         }
     }
 
-    /// The route-table fingerprint this instance publishes.
+    /// What this instance publishes with its presence record.
     pub(super) fn routes(&self) -> &str {
         &self.routes
     }

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::HeartbeatLoop;
 use crate::lease::balance::assign;
+use crate::lease::fingerprint::published_definition;
 use crate::lease::state::Counters;
 use crate::lease::TermEndReason;
 use crate::store::Member;
@@ -19,6 +20,9 @@ use crate::telemetry;
 /// One balanced partition: where its roles sit among all registered roles.
 struct Balanced {
     name: Arc<str>,
+    /// This instance's definition: the partition is spread only over
+    /// members that publish the same one (or none).
+    definition: Arc<str>,
     first: usize,
     count: usize,
     rebalance_delay: Duration,
@@ -44,6 +48,8 @@ pub(super) struct Balancer {
     pub(super) members: Vec<Member>,
     /// Sorted ids of the live candidates.
     candidates: Vec<Arc<str>>,
+    /// Per balanced partition: the candidates that define it alike.
+    alike: Vec<Vec<Arc<str>>>,
     /// The store answered a presence call at least once.
     known: bool,
     /// When the candidate set last changed, and whether it grew then.
@@ -65,6 +71,7 @@ impl Balancer {
             .filter_map(|(name, meta)| {
                 Some(Balanced {
                     name: name.as_str().into(),
+                    definition: meta.definition.clone(),
                     first: meta.first,
                     count: meta.count as usize,
                     rebalance_delay: meta.balance?,
@@ -87,6 +94,7 @@ impl Balancer {
             ttl,
             members: Vec::new(),
             candidates: Vec::new(),
+            alike: Vec::new(),
             known: false,
             since: Instant::now(),
             grew: false,
@@ -111,22 +119,42 @@ impl Balancer {
             .map(|m| Arc::from(m.id.as_str()))
             .collect();
         candidates.sort();
+        // A member that defines a partition otherwise never takes its roles:
+        // preferring it would leave them unheld.
+        let alike: Vec<Vec<Arc<str>>> = (self.partitions.iter())
+            .map(|p| {
+                let agrees = |m: &&Member| {
+                    published_definition(&m.routes, &p.name).is_none_or(|d| *d == *p.definition)
+                };
+                let mut ids: Vec<Arc<str>> = (members.iter())
+                    .filter(|m| m.candidate)
+                    .filter(agrees)
+                    .map(|m| Arc::from(m.id.as_str()))
+                    .collect();
+                ids.sort();
+                ids
+            })
+            .collect();
         self.members = members;
         self.known = true;
-        if candidates == self.candidates && self.preferred.iter().any(Option::is_some) {
+        if candidates == self.candidates
+            && alike == self.alike
+            && self.preferred.iter().any(Option::is_some)
+        {
             return;
         }
         self.grew = candidates.iter().any(|c| !self.candidates.contains(c));
         self.since = now;
         self.candidates = candidates;
-        let ids: Vec<&str> = self.candidates.iter().map(|c| &**c).collect();
-        for p in &self.partitions {
+        self.alike = alike;
+        for (p, alike) in self.partitions.iter().zip(&self.alike) {
+            let ids: Vec<&str> = alike.iter().map(|c| &**c).collect();
             let names: Vec<&str> = roles[p.first..p.first + p.count]
                 .iter()
                 .map(|r| &**r)
                 .collect();
             for (k, m) in assign(&names, &ids).into_iter().enumerate() {
-                self.preferred[p.first + k] = m.map(|m| self.candidates[m].clone());
+                self.preferred[p.first + k] = m.map(|m| alike[m].clone());
             }
         }
     }

@@ -5,8 +5,9 @@
 //! released, so a key is never served under two definitions at once.
 //!
 //! Why that holds: a term of a partition role is trusted only until the
-//! send time of the last definition read that confirmed it, plus `duration
-//! - safety_margin` (the claim's own trust window, measured from earlier).
+//! send time of the last definition read that confirmed it, plus the
+//! trust window `duration - safety_margin` (the claim's own, measured from
+//! earlier).
 //! A read that confirmed the old definition was sent before the change was
 //! written, so every old-definition term ends within one lease duration of
 //! the change, on every instance, even one frozen between its read and its
