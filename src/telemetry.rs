@@ -163,7 +163,7 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 18] = [
+pub const OUTCOMES: [&str; 19] = [
     "local",
     "forwarded",
     "passthrough",
@@ -182,6 +182,7 @@ pub const OUTCOMES: [&str; 18] = [
     "upstream-timeout",
     "upstream-bad-upgrade",
     "term-ended",
+    "partition-mismatch",
 ];
 
 static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLock::new();

@@ -272,9 +272,14 @@ async fn store_calls_per_tick_do_not_grow_with_roles(store: Arc<dyn LeaseStore>,
         );
         stats.max_calls_per_tick
     }
-    let one = calls_per_tick(&store, None, t).await;
+    let role = calls_per_tick(&store, None, t).await;
+    assert_eq!(role, 2, "one snapshot read and one claim per tick");
+    let one = calls_per_tick(&store, Some(1), t).await;
     let many = calls_per_tick(&store, Some(256), t).await;
-    assert_eq!(one, 2, "one snapshot read and one claim per tick");
+    assert_eq!(
+        one, 3,
+        "with a partition, one definitions read, one snapshot read and one claim per tick"
+    );
     assert_eq!(
         many, one,
         "256 roles cost the same round trips per tick as 1"

@@ -15,3 +15,7 @@ GRANT SELECT, INSERT, UPDATE ON rolegate_role_leases TO rolegate_app;
 -- Presence records (partition balancing): upserted every heartbeat, deleted
 -- on a graceful stop, pruned an hour after they expired.
 GRANT SELECT, INSERT, UPDATE, DELETE ON rolegate_role_leases_members TO rolegate_app;
+-- Partition definitions: read every heartbeat, inserted by the first
+-- gateway to see a partition; UPDATE only for `rolegate partitions resize`
+-- (grant it to the role that runs the resize if the gateways should not).
+GRANT SELECT, INSERT, UPDATE ON rolegate_role_leases_partitions TO rolegate_app;
