@@ -1,8 +1,10 @@
-//! An outbox worker on leased work rows (`rolegate::work`), for PostgreSQL or
-//! SQLite: claims a batch, "delivers" each row, completes it; a row whose
-//! delivery fails is retried later. Run several copies against one table;
-//! kill or pause any of them: every row is still delivered, and a worker that
-//! stalled past its lease learns it lost its rows.
+//! An outbox worker on leased work rows (`rolegate::work::Worker`), for
+//! PostgreSQL or SQLite: the handler "delivers" a row; the worker claims as
+//! slots free up, renews each running row's lease, completes it, retries a
+//! failed one later, and marks it dead after 10 attempts. Run several
+//! copies against one table; kill or pause any of them: every row is still
+//! delivered, and a worker that stalled past its lease learns it lost its
+//! rows.
 //!
 //! ```text
 //! cargo run --example outbox_worker -- --db sqlite:///tmp/outbox.db --setup 100
@@ -12,15 +14,16 @@
 //!
 //! Flags: `--db URL` (`postgres://…` or `sqlite://PATH`), `--table NAME`
 //! (default `outbox`), `--setup N` (create the table and its claim index,
-//! insert N rows, exit), `--name NAME`, `--batch N` (20), `--lease-ms N`
-//! (5000), `--work-ms N` (10, per row), `--log FILE` (one JSON line per claim
-//! and finalize), `--exit-when-empty`.
+//! insert N rows, exit), `--name NAME`, `--batch N` (rows at once, 20),
+//! `--lease-ms N` (5000), `--work-ms N` (10, per row), `--log FILE` (one JSON
+//! line per claim and finalize), `--exit-when-empty`.
 
 use std::io::Write;
 use std::str::FromStr;
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use rolegate::work::{Backoff, WorkQueue, WorkTable};
+use rolegate::work::{Job, JobError, Outcome, WorkQueue, WorkTable, Worker};
 
 struct Args {
     db: String,
@@ -86,9 +89,10 @@ fn table(name: &str, postgres: bool) -> anyhow::Result<WorkTable> {
     Ok(WorkTable::new(name)?
         .eligible(&format!("status = 'pending' AND run_at <= {now}"))
         .order_by(&["run_at"])?
-        .on_claim("attempts = attempts + 1")
+        .attempts("attempts")?
         .on_complete("status = 'done'")
-        .on_fail("run_at", None)?)
+        .on_fail("run_at", None)?
+        .on_dead("status = 'dead'"))
 }
 
 async fn setup(q: &Queue, rows: u32, table: &str) -> anyhow::Result<()> {
@@ -144,21 +148,23 @@ impl Queue {
     }
 }
 
-fn log(file: &mut Option<std::fs::File>, line: serde_json::Value) {
+/// One JSON line per event, one write each, so a kill -9 never leaves half
+/// a line.
+fn log(file: &Option<Arc<Mutex<std::fs::File>>>, line: serde_json::Value) {
     if let Some(f) = file {
-        // One write per line, so a kill -9 never leaves half a record.
+        let mut f = f.lock().unwrap_or_else(|p| p.into_inner());
         let _ = f.write_all(format!("{line}\n").as_bytes());
     }
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
-    let mut a = args()?;
+    let a = args()?;
     let postgres = a.db.starts_with("postgres");
     let t = table(&a.table, postgres)?;
     let q = if postgres {
         let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(2)
+            .max_connections(4)
             .connect(&a.db)
             .await?;
         Queue::Pg(pool.clone(), WorkQueue::postgres(pool, t))
@@ -178,57 +184,83 @@ async fn main() -> anyhow::Result<()> {
         println!("created {} with {rows} rows", a.table);
         return Ok(());
     }
-    let retry = Backoff::default();
-    let mut idle_since = Instant::now();
-    loop {
-        let claimed = match q.queue().claim(a.batch, a.lease).await {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("{}: claim failed: {e}", a.name);
+    let queue = q.queue().clone();
+    let logfile = a.log.map(|f| Arc::new(Mutex::new(f)));
+    let (name, work) = (a.name.clone(), a.work);
+
+    // The handler: deliver the row. Every 97th message fails once and is
+    // retried after a short delay.
+    let handler = {
+        let (logfile, name) = (logfile.clone(), name.clone());
+        move |job: Job| {
+            let (logfile, name) = (logfile.clone(), name.clone());
+            async move {
+                log(
+                    &logfile,
+                    serde_json::json!({"ev": "claim", "worker": name, "id": job.id, "lock": &*job.lock_id}),
+                );
+                let _payload: String = job.get("payload")?;
+                tokio::time::sleep(work).await; // the delivery
+                if job.id % 97 == 0 && job.attempt == Some(1) {
+                    return Err(JobError::retry_after(
+                        Duration::from_millis(100),
+                        "the remote end refused",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    };
+    let worker = Worker::new(queue.clone())
+        .concurrency(a.batch as usize)
+        .lease(a.lease)
+        .max_attempts(10)
+        .idle_poll(Duration::from_millis(20), Duration::from_millis(200))
+        .on_finalize({
+            let (logfile, name) = (logfile.clone(), name.clone());
+            move |f| {
+                let ev = match f.outcome {
+                    Outcome::Completed => "complete",
+                    Outcome::Failed => "fail",
+                    Outcome::Dead => "dead",
+                    Outcome::Lost => "lost",
+                    Outcome::Released => "released",
+                };
+                let ok = f.outcome != Outcome::Lost;
+                log(
+                    &logfile,
+                    serde_json::json!({"ev": ev, "worker": name, "id": f.id, "lock": &*f.lock_id, "ok": ok}),
+                );
+            }
+        });
+    // Stop on SIGTERM or Ctrl-C, or (with --exit-when-empty) once nothing
+    // was claimable for two leases.
+    let exit_when_empty = a.exit_when_empty;
+    let lease = a.lease;
+    let stop = async move {
+        let empty = async {
+            if !exit_when_empty {
+                return std::future::pending().await;
+            }
+            let mut since = Instant::now();
+            loop {
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
+                match queue.depth(None).await {
+                    Ok((0, _)) if since.elapsed() > lease * 2 => return,
+                    Ok((0, _)) => {}
+                    _ => since = Instant::now(),
+                }
             }
         };
-        if claimed.is_empty() {
-            if a.exit_when_empty && idle_since.elapsed() > a.lease * 2 {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = empty => {}
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
         }
-        idle_since = Instant::now();
-        for (id, lock) in claimed.ids() {
-            log(
-                &mut a.log,
-                serde_json::json!({"ev": "claim", "worker": a.name, "id": id, "lock": &*lock}),
-            );
-        }
-        for (id, lock) in claimed.ids() {
-            tokio::time::sleep(a.work).await; // the delivery
-                                              // Every 97th message fails once and is retried after a backoff.
-            let delivered = id % 97 != 0 || rand_bool();
-            let ok = if delivered {
-                q.queue().complete(id, &lock).await
-            } else {
-                q.queue()
-                    .fail(id, &lock, SystemTime::now() + retry.delay(1) / 10)
-                    .await
-            };
-            let ev = if delivered { "complete" } else { "fail" };
-            match ok {
-                Ok(ok) => log(
-                    &mut a.log,
-                    serde_json::json!({"ev": ev, "worker": a.name, "id": id, "lock": &*lock, "ok": ok}),
-                ),
-                Err(e) => eprintln!("{}: {ev} {id} failed: {e}", a.name),
-            }
-        }
-    }
-}
-
-fn rand_bool() -> bool {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() % 2 == 0)
-        .unwrap_or(true)
+    };
+    let report = worker.run(handler, stop).await?;
+    eprintln!("{name}: {report:?}");
+    Ok(())
 }

@@ -252,8 +252,10 @@ async fn migrate_and_status_work_against_postgres() {
         .advertise("http://127.0.0.1:9")
         .start()
         .unwrap();
+    // The partition's roles come a tick later: its definition is recorded
+    // once the lease table has been read.
     support::wait_for("held", Duration::from_secs(5), || {
-        c.role("maintenance").unwrap().is_held()
+        c.role("maintenance").unwrap().is_held() && c.partition("devices").unwrap().held_here() == 2
     })
     .await;
 
@@ -661,7 +663,7 @@ async fn check_config_connect_and_status_need_only_the_store_section() {
     let user = format!("{table}_ro");
     for sql in [
         format!("CREATE ROLE {user} LOGIN"),
-        format!("GRANT SELECT ON {table}, {table}_members TO {user}"),
+        format!("GRANT SELECT ON {table}, {table}_members, {table}_partitions TO {user}"),
     ] {
         sqlx::query(&sql).execute(&pool).await.unwrap();
     }
@@ -674,12 +676,13 @@ async fn check_config_connect_and_status_need_only_the_store_section() {
     for sql in [
         format!("GRANT INSERT, UPDATE ON {table} TO {user}"),
         format!("GRANT INSERT, UPDATE, DELETE ON {table}_members TO {user}"),
+        format!("GRANT INSERT, UPDATE ON {table}_partitions TO {user}"),
     ] {
         sqlx::query(&sql).execute(&pool).await.unwrap();
     }
     let granted = rolegate(&["check-config", "--connect", "--config", s(&ro)]);
     for sql in [
-        format!("REVOKE ALL ON {table}, {table}_members FROM {user}"),
+        format!("REVOKE ALL ON {table}, {table}_members, {table}_partitions FROM {user}"),
         format!("DROP ROLE {user}"),
     ] {
         sqlx::query(&sql).execute(&pool).await.unwrap();

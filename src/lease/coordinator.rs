@@ -28,6 +28,9 @@ pub enum CoordinatorError {
     /// The same role (or partition) was registered twice.
     #[error("role `{0}` is registered twice")]
     DuplicateRole(String),
+    /// `partition_scopes` named a partition that was not registered.
+    #[error("partition_scopes names `{0}`, which is not a registered partition")]
+    UnknownPartition(String),
     /// A partition count outside 1..=65536.
     #[error("partition `{0}` has count {1}; it must be between 1 and 65536")]
     PartitionCount(String, u32),
@@ -98,6 +101,8 @@ pub struct CoordinatorBuilder {
     hook: Option<IntervalHook>,
     drain_timeout: Duration,
     routes: String,
+    /// Declared scopes per partition, applied by `start`.
+    scopes: Vec<(String, Vec<Option<String>>)>,
 }
 
 impl CoordinatorBuilder {
@@ -112,6 +117,7 @@ impl CoordinatorBuilder {
             hook: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             routes: String::new(),
+            scopes: Vec::new(),
         }
     }
 
@@ -148,10 +154,10 @@ impl CoordinatorBuilder {
     /// instance must agree on. Default: none declared. A gateway declares
     /// the scopes of its routes; an app sharing the partition with gateways
     /// declares the same.
+    /// [`start`](Self::start) refuses a partition name not registered by
+    /// then.
     pub fn partition_scopes(mut self, partition: &str, scopes: Vec<Option<String>>) -> Self {
-        for p in self.partitions.iter_mut().filter(|p| p.0 == partition) {
-            p.5 = scopes.clone();
-        }
+        self.scopes.push((partition.to_string(), scopes));
         self
     }
 
@@ -217,7 +223,13 @@ impl CoordinatorBuilder {
     /// Validates the registrations and starts the heartbeat loop on the
     /// current tokio runtime. Store problems do not fail this: the loop keeps
     /// retrying and the snapshot reports them.
-    pub fn start(self) -> Result<Coordinator, CoordinatorError> {
+    pub fn start(mut self) -> Result<Coordinator, CoordinatorError> {
+        for (name, scopes) in std::mem::take(&mut self.scopes) {
+            let Some(p) = self.partitions.iter_mut().find(|p| p.0 == name) else {
+                return Err(CoordinatorError::UnknownPartition(name));
+            };
+            p.5 = scopes;
+        }
         let registry = register(self.roles, self.partitions)?;
         let id = crate::identity::instance_id(self.name.as_deref());
         let instance = InstanceInfo {
@@ -289,6 +301,7 @@ fn register(
         }
         let meta = PartitionMeta {
             definition: super::definition_text(count, &scopes).into(),
+            scopes: scopes.into(),
             count,
             first,
             balance,

@@ -250,6 +250,15 @@ impl RolePartition {
         self.role(index)?.begin_local()
     }
 
+    /// Whether `scope` (`None`: unscoped) is among the scopes declared for
+    /// the partition (`CoordinatorBuilder::partition_scopes`), which its
+    /// recorded definition covers.
+    pub fn declares_scope(&self, scope: Option<&str>) -> bool {
+        self.shared
+            .partition(&self.name)
+            .is_some_and(|p| p.scopes.iter().any(|s| s.as_deref() == scope))
+    }
+
     /// The partition's definition here and how it stands against the one
     /// the store records, as last read.
     pub fn definition(&self) -> Option<super::PartitionDefinition> {

@@ -95,6 +95,8 @@ pub(super) struct RoleMeta {
 pub(super) struct PartitionMeta {
     /// Its definition text (`definition_text`), compared with the store's.
     pub(super) definition: Arc<str>,
+    /// The scopes declared for it (part of the definition).
+    pub(super) scopes: Arc<[Option<String>]>,
     pub(super) count: u32,
     pub(super) first: usize,
     /// `Some(rebalance_delay)` when the partition is balanced.

@@ -303,9 +303,19 @@ impl PartitionHolderLayer {
         }
     }
 
-    /// Hash `scope ++ 0x00 ++ key` instead of the key alone.
+    /// Hash `scope ++ 0x00 ++ key` instead of the key alone. Declare the
+    /// scope with `CoordinatorBuilder::partition_scopes` too, so the
+    /// partition's recorded definition covers it; otherwise a WARN says so.
     pub fn scope(mut self, scope: &str) -> Self {
-        if let Some(GateTarget::Partition { scope: s, .. }) = &mut self.gate.target {
+        if let Some(GateTarget::Partition {
+            scope: s,
+            partition,
+            ..
+        }) = &mut self.gate.target
+        {
+            if !partition.declares_scope(Some(scope)) {
+                tracing::warn!(partition = %partition.name(), scope, "this layer hashes keys with a scope not declared for the partition (CoordinatorBuilder::partition_scopes): instances that hash it differently would not be detected");
+            }
             *s = Some(scope.into());
         }
         self

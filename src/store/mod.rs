@@ -240,9 +240,13 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Checks, changing nothing, that a gateway could run against the store
     /// as it is: the schema is applied and readable, and (where the store
     /// keeps grants) this user may write it. `rolegate check-config
-    /// --connect` reports it. The default reads every record.
+    /// --connect` reports it. The default reads every lease record and
+    /// every partition definition.
     fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { self.snapshot(&[]).await.map(|_| ()) })
+        Box::pin(async move {
+            self.snapshot(&[]).await?;
+            self.partitions().await.map(|_| ())
+        })
     }
 
     /// Called once after the last call (the gateway's clean stop): a store

@@ -250,6 +250,7 @@ impl LeaseStore for PostgresStore {
     fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         async move {
             self.snapshot(&[]).await?;
+            self.partitions().await?;
             // What a gateway needs (see deploy/postgres/grants.sql): no
             // DELETE on the lease table, whose rows are never deleted.
             // `has_table_privilege` with a list answers "any of them": ask
@@ -260,8 +261,8 @@ impl LeaseStore for PostgresStore {
                  ('{table}', 'SELECT'), ('{table}', 'INSERT'), ('{table}', 'UPDATE'), \
                  ('{table}_members', 'SELECT'), ('{table}_members', 'INSERT'), \
                  ('{table}_members', 'UPDATE'), ('{table}_members', 'DELETE'), \
-                 ('{table}_partitions', 'SELECT'), ('{table}_partitions', 'INSERT'), \
-                 ('{table}_partitions', 'UPDATE')) AS need(t, p) \
+                 ('{table}_partitions', 'SELECT'), ('{table}_partitions', 'INSERT')) \
+                 AS need(t, p) \
                  WHERE NOT has_table_privilege(t, p)"
             );
             let query = sqlx::query_scalar::<_, String>(&sql).fetch_all(&self.pool);

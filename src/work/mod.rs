@@ -15,13 +15,17 @@
 //! `docs/work-rows.md` gives every statement as plain SQL.
 
 mod backoff;
+mod enqueue;
 mod sql;
+mod worker;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use backoff::{parse_retry_after, Backoff, RetryLadder};
+pub use enqueue::{Enqueue, Value};
 pub use sql::Dialect;
+pub use worker::{Finalized, Job, JobError, JobRow, Outcome, RowValue, Worker, WorkerReport};
 
 use crate::lease::RolePartition;
 
@@ -94,6 +98,8 @@ pub struct WorkTable {
     pub(crate) retry_column: Option<String>,
     pub(crate) on_fail: Option<String>,
     pub(crate) partition_column: Option<String>,
+    pub(crate) attempts: Option<String>,
+    pub(crate) on_dead: Option<String>,
 }
 
 impl WorkTable {
@@ -114,6 +120,8 @@ impl WorkTable {
             retry_column: None,
             on_fail: None,
             partition_column: None,
+            attempts: None,
+            on_dead: None,
         })
     }
 
@@ -190,6 +198,22 @@ impl WorkTable {
         self.retry_column = Some(ident(retry_column)?);
         self.on_fail = extra_set.map(str::to_string);
         Ok(self)
+    }
+
+    /// The integer column counting a row's attempts: every claim adds one
+    /// (so a crash uses an attempt up), and a [`Worker`] reads it to know
+    /// when a row has used its `max_attempts`.
+    pub fn attempts(mut self, column: &str) -> Result<Self, WorkError> {
+        self.attempts = Some(ident(column)?);
+        Ok(self)
+    }
+
+    /// Assignments applied by [`WorkQueue::discard`] (a dead row: its
+    /// attempts are used up, or the handler said it can never succeed),
+    /// e.g. `status = 'dead'`; they must make the row ineligible.
+    pub fn on_dead(mut self, set: &str) -> Self {
+        self.on_dead = Some(set.to_string());
+        self
     }
 
     /// The integer column holding each row's partition number (computed at
@@ -697,6 +721,134 @@ impl WorkQueue {
                 "the id column `{id}` of `{table}` is `{ty}`; it must be an integer (bigint, integer or smallint on PostgreSQL, INTEGER on SQLite)"
             )))
         }
+    }
+
+    /// The row is dead (its attempts are used up, or it can never succeed):
+    /// applies `on_dead` and clears the lock. False if the lock id is no
+    /// longer on the row; [`WorkError::StillEligible`] if the dead row is
+    /// still eligible.
+    pub async fn discard(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
+        let Some(text) = &self.sql.dead else {
+            return Err(WorkError::BadArgument("discard needs WorkTable::on_dead"));
+        };
+        let still: Option<Option<bool>> = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                sqlx::query_scalar(text)
+                    .bind(id)
+                    .bind(lock_id)
+                    .fetch_optional(pool)
+                    .await?
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => {
+                sqlx::query_scalar(text)
+                    .bind(id)
+                    .bind(lock_id)
+                    .fetch_optional(pool)
+                    .await?
+            }
+        };
+        match still {
+            None => Ok(false),
+            Some(Some(true)) => Err(WorkError::StillEligible(self.table.eligible.clone())),
+            Some(_) => Ok(true),
+        }
+    }
+
+    /// How many rows are claimable now (eligible, no live lock), and how
+    /// old the oldest is by `age_column` (a time column of the lock
+    /// column's type), by the database clock.
+    pub async fn depth(
+        &self,
+        age_column: Option<&str>,
+    ) -> Result<(i64, Option<Duration>), WorkError> {
+        let age = age_column.map(ident).transpose()?;
+        let text = self.sql.depth(age.as_deref());
+        let (count, age): (i64, Option<f64>) = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => sqlx::query_as(&text).fetch_one(pool).await?,
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => sqlx::query_as(&text).fetch_one(pool).await?,
+        };
+        Ok((count, age.map(|s| Duration::from_secs_f64(s.max(0.0)))))
+    }
+
+    /// Deletes up to `limit` rows matching `finished` (an SQL predicate the
+    /// app writes, e.g. `status IN ('done', 'dead')`) whose `time_column` is
+    /// older than `older_than` by the database clock, never a locked row.
+    /// Returns how many went; call it again while it returns `limit`.
+    pub async fn prune(
+        &self,
+        finished: &str,
+        time_column: &str,
+        older_than: Duration,
+        limit: u32,
+    ) -> Result<u64, WorkError> {
+        let column = ident(time_column)?;
+        if limit == 0 {
+            return Err(WorkError::BadArgument("prune limit must be at least 1"));
+        }
+        let text = self.sql.prune(finished, &column);
+        let ms = older_than.as_millis().min(i64::MAX as u128) as i64;
+        let gone = match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => sqlx::query(&text)
+                .bind(ms)
+                .bind(i64::from(limit))
+                .execute(pool)
+                .await?
+                .rows_affected(),
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(pool) => sqlx::query(&text)
+                .bind(ms)
+                .bind(i64::from(limit))
+                .execute(pool)
+                .await?
+                .rows_affected(),
+        };
+        Ok(gone)
+    }
+
+    /// PostgreSQL: the DDL of a trigger that notifies `channel` whenever a
+    /// row is inserted, so a [`Worker`] listening on it wakes at once
+    /// instead of at its next poll. (Rows inserted with
+    /// [`enqueue`](Self::enqueue) notify without it.) Three statements:
+    /// run them with `sqlx::raw_sql`.
+    pub fn notify_trigger_ddl(&self, channel: &str) -> Result<String, WorkError> {
+        let channel = ident(channel)?;
+        let table = &self.table.table;
+        let base = table.replace('.', "_");
+        Ok(format!(
+            "CREATE OR REPLACE FUNCTION {base}_wake() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN PERFORM pg_notify('{channel}', ''); RETURN NULL; END $$;\n\
+             DROP TRIGGER IF EXISTS {base}_wake ON {table};\n\
+             CREATE TRIGGER {base}_wake AFTER INSERT ON {table} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {base}_wake();"
+        ))
+    }
+
+    /// Starts an insert of one row: `.set(column, value)` for the app's
+    /// columns, `.run_after(column, delay)` for a time column set by the
+    /// database clock, `.unique_on(column)` to skip a duplicate, then
+    /// `.execute()`.
+    pub fn enqueue(&self) -> Enqueue<'_> {
+        Enqueue {
+            queue: self,
+            values: Vec::new(),
+            run_after: None,
+            unique_on: None,
+            notify: None,
+            error: None,
+        }
+    }
+
+    pub(crate) fn table(&self) -> &WorkTable {
+        &self.table
+    }
+
+    pub(crate) fn pool(&self) -> &WorkPool {
+        &self.pool
     }
 
     /// Gives the row back at once (claimable again now; the attempt counted

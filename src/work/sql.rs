@@ -76,6 +76,14 @@ pub struct Statements {
     pub release: String,
     /// Parameters: id, lock id, lease in milliseconds.
     pub renew: String,
+    /// Parameters: id, lock id. Returns whether the dead row is still
+    /// eligible, when the lock id was on it. `None` without `on_dead`.
+    pub dead: Option<String>,
+    dialect: Dialect,
+    table: String,
+    id: String,
+    lock: String,
+    claimable: String,
 }
 
 impl Statements {
@@ -91,6 +99,9 @@ impl Statements {
         order.push(id.clone());
         let order = order.join(", ");
         let mut set = format!("{lock} = {}, {until} = {}", d.p(2), d.now_plus(3));
+        if let Some(attempts) = &t.attempts {
+            set.push_str(&format!(", {attempts} = {attempts} + 1"));
+        }
         if let Some(extra) = &t.on_claim {
             set.push_str(", ");
             set.push_str(extra);
@@ -154,7 +165,52 @@ impl Statements {
             fail_after,
             release: format!("UPDATE {table} SET {unlock} WHERE {mine}"),
             renew: format!("UPDATE {table} SET {until} = {now_plus_ms} WHERE {mine}"),
+            dead: t.on_dead.as_ref().map(|set| {
+                format!(
+                    "UPDATE {table} SET {unlock}, {set} WHERE {mine} RETURNING ({})",
+                    t.eligible
+                )
+            }),
+            dialect: d,
+            table: table.clone(),
+            id: id.clone(),
+            lock: lock.clone(),
+            claimable,
         }
+    }
+
+    /// The claimable rows' count and, with `age`, the oldest one's age in
+    /// seconds by the database clock.
+    pub(crate) fn depth(&self, age: Option<&str>) -> String {
+        let (table, claimable) = (&self.table, &self.claimable);
+        let age = match (age, self.dialect) {
+            (None, _) => "CAST(NULL AS DOUBLE PRECISION)".to_string(),
+            (Some(c), Dialect::Postgres) => {
+                format!(
+                    "CAST(EXTRACT(EPOCH FROM clock_timestamp() - min({c})) AS DOUBLE PRECISION)"
+                )
+            }
+            (Some(c), Dialect::Sqlite) => {
+                format!("({} - min({c})) / 1000.0", self.dialect.now())
+            }
+        };
+        format!("SELECT count(*), {age} FROM {table} WHERE {claimable}")
+    }
+
+    /// Parameters: age in ms, limit. Deletes finished, unlocked rows older
+    /// than the age by `column`.
+    pub(crate) fn prune(&self, finished: &str, column: &str) -> String {
+        let (table, id, lock, d) = (&self.table, &self.id, &self.lock, self.dialect);
+        let older = match d {
+            Dialect::Postgres => {
+                format!("{column} < clock_timestamp() - make_interval(secs => $1::float8 / 1000.0)")
+            }
+            Dialect::Sqlite => format!("{column} < {} - ?1", d.now()),
+        };
+        format!(
+            "DELETE FROM {table} WHERE {id} IN (SELECT {id} FROM {table} WHERE ({finished}) AND {lock} IS NULL AND {older} LIMIT {})",
+            d.p(2)
+        )
     }
 }
 

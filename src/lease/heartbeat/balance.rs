@@ -199,9 +199,18 @@ impl HeartbeatLoop {
         let t_sent = Instant::now();
         let result = tokio::time::timeout(shared.op_timeout(), call).await;
         Self::record_latency("presence", t_sent);
+        let every = Duration::from_secs(10);
         let members = match result {
             Ok(Ok(members)) => members,
-            Ok(Err(e)) => return tracing::debug!(error = %e, "presence call failed"),
+            Ok(Err(e)) => {
+                // A schema from before the presence record's route column
+                // fails here: say so, not only at debug.
+                if let Some(suppressed) = self.warnings.admit("presence", every, Instant::now()) {
+                    let error = crate::redact::redact_text(&e.to_string());
+                    tracing::warn!(%error, suppressed, "writing the presence record failed; partitions are not rebalanced meanwhile (run `rolegate migrate` if the schema is older than this version)");
+                }
+                return;
+            }
             Err(_) => return tracing::debug!("presence call timed out"),
         };
         let roles: Vec<Arc<str>> = self.roles.iter().map(|r| r.state.name.clone()).collect();

@@ -30,6 +30,21 @@ struct Part {
     view: PartitionDefinition,
     first: usize,
     count: usize,
+    /// The lease duration of its roles.
+    duration: std::time::Duration,
+    /// The record's epoch at the last read (none before the first).
+    seen_epoch: Option<u64>,
+    /// After a change seen here, not served before then (local clock),
+    /// whatever the store says: a second guard on the settle window.
+    serve_after: Option<Instant>,
+}
+
+/// A partition the store has no record of yet.
+struct Missing {
+    name: Arc<str>,
+    definition: Arc<str>,
+    roles: std::ops::Range<usize>,
+    duration: std::time::Duration,
 }
 
 /// What the loop knows of the store's partition definitions.
@@ -38,6 +53,8 @@ pub(super) struct Definitions {
     /// When the last read that answered was sent: partition terms are
     /// trusted from no later than this.
     read_sent: Option<Instant>,
+    /// Partitions the last read found no record of.
+    missing: Vec<Missing>,
 }
 
 impl Definitions {
@@ -53,6 +70,9 @@ impl Definitions {
                 },
                 first: meta.first,
                 count: meta.count as usize,
+                duration: shared.role(meta.first).timings.duration,
+                seen_epoch: None,
+                serve_after: None,
             })
             .collect();
         if parts.is_empty() {
@@ -62,6 +82,7 @@ impl Definitions {
         Some(Definitions {
             parts,
             read_sent: None,
+            missing: Vec::new(),
         })
     }
 
@@ -102,8 +123,9 @@ impl HeartbeatLoop {
         }
     }
 
-    /// Reads the recorded definitions (recording this instance's for any
-    /// partition that has none yet), and moves each partition's state.
+    /// Reads the recorded definitions and moves each recorded partition's
+    /// state; partitions with no record yet wait for
+    /// [`define_missing`](Self::define_missing), after the snapshot read.
     pub(super) async fn check_definitions(&mut self) {
         if self.definitions.is_none() {
             return;
@@ -113,24 +135,69 @@ impl HeartbeatLoop {
         let t_sent = Instant::now();
         let result = tokio::time::timeout(shared.op_timeout(), shared.store().partitions()).await;
         Self::record_latency("partitions", t_sent);
-        let mut records = match result {
+        let records = match result {
             Ok(Ok(records)) => records,
             Ok(Err(e)) => return self.definitions_failed(&e.to_string(), e.is_schema()),
             Err(_) => return self.definitions_failed("timed out", false),
         };
-        let missing: Vec<(Arc<str>, Arc<str>)> = (self.definitions.iter())
-            .flat_map(|d| d.parts.iter())
-            .filter(|p| !records.iter().any(|r| *r.name == *p.view.name))
-            .map(|p| (p.view.name.clone(), p.view.configured.clone()))
-            .collect();
-        for (name, definition) in missing {
-            // The first instance to see the partition records it.
+        if let Some(defs) = self.definitions.as_mut() {
+            defs.read_sent = Some(t_sent);
+            defs.missing = (defs.parts.iter())
+                .filter(|p| !records.iter().any(|r| *r.name == *p.view.name))
+                .map(|p| Missing {
+                    name: p.view.name.clone(),
+                    definition: p.view.configured.clone(),
+                    roles: p.first..p.first + p.count,
+                    duration: p.duration,
+                })
+                .collect();
+        }
+        self.apply_records(&records).await;
+    }
+
+    /// Records this instance's definition of each partition the store had
+    /// none of, now that the lease table was read in this tick: if any role
+    /// of the partition has a live holder (a record lost or restored,
+    /// instances of an older version), the record settles for a lease
+    /// duration first.
+    pub(super) async fn define_missing(&mut self) {
+        let Some(defs) = self.definitions.as_mut() else {
+            return;
+        };
+        let missing = std::mem::take(&mut defs.missing);
+        if missing.is_empty() || !self.read_ok {
+            return;
+        }
+        let shared = self.shared.clone();
+        let mut records = Vec::new();
+        for m in missing {
+            let now = Instant::now();
+            let held = m.roles.clone().any(|i| {
+                let st = &self.roles[i].state;
+                st.holder.is_some() && st.holder_valid_until.is_some_and(|t| t > now)
+            });
             self.calls_this_tick += 1;
-            let define = shared.store().define_partition(&name, &definition);
-            match tokio::time::timeout(shared.op_timeout(), define).await {
+            let t_define = Instant::now();
+            let store = shared.store();
+            let (name, definition) = (&*m.name, &*m.definition);
+            let define = async {
+                if held {
+                    let r = store.redefine_partition(name, 0, definition, m.duration);
+                    match r.await? {
+                        Some(record) => Ok(record),
+                        // Recorded meanwhile by another instance: read it.
+                        None => store.define_partition(name, definition).await,
+                    }
+                } else {
+                    store.define_partition(name, definition).await
+                }
+            };
+            let result = tokio::time::timeout(shared.op_timeout(), define).await;
+            Self::record_latency("define_partition", t_define);
+            match result {
                 Ok(Ok(record)) => {
-                    if *record.definition == *definition {
-                        tracing::info!(partition = %name, %definition, "recorded the partition's definition in the store");
+                    if record.definition == definition {
+                        tracing::info!(partition = %name, %definition, settling = ?record.settling, "recorded the partition's definition in the store");
                     }
                     records.push(record);
                 }
@@ -138,17 +205,30 @@ impl HeartbeatLoop {
                 Err(_) => return self.definitions_failed("timed out", false),
             }
         }
+        self.apply_records(&records).await;
+    }
+
+    /// Moves the state of each partition `records` names; ends the terms
+    /// of those that stopped being served, and releases what the store
+    /// still gives this instance of partitions not served here.
+    async fn apply_records(&mut self, records: &[PartitionRecord]) {
+        let shared = self.shared.clone();
         let t_recv = Instant::now();
         let mut ended: Vec<usize> = Vec::new();
         let Some(defs) = self.definitions.as_mut() else {
             return;
         };
-        defs.read_sent = Some(t_sent);
         for p in &mut defs.parts {
             let Some(record) = records.iter().find(|r| *r.name == *p.view.name) else {
                 continue;
             };
-            let next = judge(&p.view.configured, record, t_recv);
+            if p.seen_epoch.is_some_and(|e| e != record.epoch) {
+                // A change seen here: every term of the previous record ends
+                // within a lease duration of it, on every instance.
+                p.serve_after = Some(t_recv + p.duration);
+            }
+            p.seen_epoch = Some(record.epoch);
+            let next = judge(&p.view.configured, record, t_recv, p.serve_after);
             let was = std::mem::replace(&mut p.view.state, next.clone());
             let serving = |s: &DefinitionState| matches!(s, DefinitionState::Serving { .. });
             if serving(&was) && was != next {
@@ -156,12 +236,41 @@ impl HeartbeatLoop {
             }
             report(&p.view, &was);
         }
+        // Roles of a partition not served here that the store still gives
+        // this instance without a local term (a release that failed, a late
+        // grant): released, or on etcd the instance's lease would keep them.
+        let me = shared.instance_id().clone();
+        let leftovers: Vec<(RoleName, u64)> = (defs.parts.iter())
+            .filter(|p| {
+                matches!(
+                    p.view.state,
+                    DefinitionState::Mismatch { .. } | DefinitionState::Settling { .. }
+                )
+            })
+            .flat_map(|p| p.first..p.first + p.count)
+            .filter(|&i| !ended.contains(&i))
+            .filter(|&i| self.roles[i].held.is_none())
+            .filter(|&i| self.roles[i].state.holder.as_ref() == Some(&me))
+            .map(|i| (shared.role(i).name.clone(), self.roles[i].state.token))
+            .collect();
         self.end_redefined(ended).await;
+        if !leftovers.is_empty() {
+            self.calls_this_tick += 1;
+            let call = shared.store().release(shared.instance(), &leftovers);
+            if let Ok(Ok(released)) = tokio::time::timeout(shared.op_timeout(), call).await {
+                for r in released {
+                    if let Some(i) = shared.index_of(&r) {
+                        self.roles[i].state.holder = None;
+                    }
+                }
+            }
+        }
     }
 
     /// A failed read leaves every partition as it was: its terms stay
     /// trusted only as long as the last read that answered allows.
     fn definitions_failed(&mut self, error: &str, schema: bool) {
+        metrics::counter!(telemetry::STORE_ERRORS, "op" => "partitions").increment(1);
         let error = crate::redact::redact_text(error);
         let every = std::time::Duration::from_secs(1);
         let Some(suppressed) = self.warnings.admit("definitions", every, Instant::now()) else {
@@ -170,7 +279,7 @@ impl HeartbeatLoop {
         if schema {
             tracing::error!(%error, suppressed, "the store has no partition definitions table; partitions are not served until `rolegate migrate` (or store.migrate: true) adds it");
         } else {
-            tracing::warn!(%error, suppressed, "reading the partition definitions failed; partition terms end when the last read's trust runs out");
+            tracing::warn!(%error, suppressed, "reading or recording the partition definitions failed; partition terms end when the last read's trust runs out");
         }
     }
 
@@ -189,15 +298,20 @@ impl HeartbeatLoop {
             return;
         }
         let shared = self.shared.clone();
+        let idx: Vec<usize> = held.iter().map(|&(i, _)| i).collect();
         for &(i, token) in &held {
+            // No new local work from now on, then the running work ends.
+            shared.set_handing_over(i, true);
             shared.terms().end(i, token, TermEndReason::Redefined);
         }
-        let idx: Vec<usize> = held.iter().map(|&(i, _)| i).collect();
         self.wait_work_ended(&idx).await;
         for &i in &idx {
             self.end_term(i, TermEndReason::Redefined);
         }
         self.publish();
+        for &i in &idx {
+            shared.set_handing_over(i, false);
+        }
         let release: Vec<(RoleName, u64)> = held
             .iter()
             .map(|&(i, token)| (shared.role(i).name.clone(), token))
@@ -217,17 +331,24 @@ impl HeartbeatLoop {
     }
 }
 
-/// How a partition stands against the store's `record`, read at `t_recv`.
-fn judge(configured: &str, record: &PartitionRecord, t_recv: Instant) -> DefinitionState {
+/// How a partition stands against the store's `record`, read at `t_recv`;
+/// it is not served before `serve_after` either.
+fn judge(
+    configured: &str,
+    record: &PartitionRecord,
+    t_recv: Instant,
+    serve_after: Option<Instant>,
+) -> DefinitionState {
+    let until = Some(t_recv + record.settling).max(serve_after);
     if record.definition != configured {
         DefinitionState::Mismatch {
             epoch: record.epoch,
             recorded: record.definition.as_str().into(),
         }
-    } else if !record.settling.is_zero() {
+    } else if let Some(until) = until.filter(|u| *u > t_recv) {
         DefinitionState::Settling {
             epoch: record.epoch,
-            until: t_recv + record.settling,
+            until,
         }
     } else {
         DefinitionState::Serving {

@@ -304,6 +304,7 @@ impl HeartbeatLoop {
         // Read first, so a role freed since the last tick (a notification woke
         // us) is claimed in this same tick.
         self.read_snapshot().await;
+        self.define_missing().await;
         self.refresh_membership().await;
         if shared.is_candidate() {
             self.claim().await;

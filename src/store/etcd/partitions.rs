@@ -2,7 +2,10 @@
 //! (under the watched lease prefix, so a change wakes every coordinator; `~`
 //! is never in a role name, and the lease readers skip values that are not
 //! holders). While a change settles, a key `{ns}/settling/{name}` lives on
-//! an etcd lease of the settle time, so the cluster's own TTL ends it.
+//! an etcd lease of the settle time (refreshed once after the write, so
+//! the window counts from it), and the cluster's own TTL ends it. A leader
+//! election restores lease TTLs in full: the window then lasts longer,
+//! never shorter.
 
 use std::time::Duration;
 
@@ -73,15 +76,18 @@ impl EtcdStore {
                 }
             }
         }
-        // Only while a change settles: the time left on its lease.
+        // Only while a change settles: the time left on its lease. etcd
+        // answers in whole seconds, rounded down, so one second is added:
+        // while the key exists the change has not settled.
         let lookups = leases.into_iter().map(|(name, id)| async move {
             let found = self
                 .members
                 .call(|mut c| async move { c.lease_time_to_live(id, None).await })
                 .await;
+            let left = |secs: i64| Duration::from_secs(secs.max(0) as u64 + 1);
             match found {
-                Ok(r) => Ok((name, Duration::from_secs(r.ttl().max(0) as u64))),
-                Err(CallError::Etcd(e)) if members::is_answer(&e) => Ok((name, Duration::ZERO)),
+                Ok(r) => Ok((name, left(r.ttl()))),
+                Err(CallError::Etcd(e)) if members::is_answer(&e) => Ok((name, left(0))),
                 Err(e) => Err(self.error("partition settle lookup")(e)),
             }
         });
@@ -179,6 +185,22 @@ impl EtcdStore {
             ]);
         if !self.write_txn(txn, "redefine_partition").await?.succeeded() {
             return Ok(None);
+        }
+        // The window counts from the write, not from the grant: one
+        // keep-alive after the write restarts the lease's full TTL.
+        let id = granted.id();
+        let refreshed = self
+            .members
+            .write(|mut c| async move {
+                let (mut keeper, mut answers) = c.lease_keep_alive(id).await?;
+                keeper.keep_alive().await?;
+                answers.message().await
+            })
+            .await;
+        if let Err(e) = refreshed {
+            // The record changed: the window may be short by the write's
+            // own time. Say so rather than pretend.
+            return Err(self.error("settle lease refresh after the change")(e));
         }
         Ok(Some(PartitionRecord {
             name: name.to_string(),

@@ -1,0 +1,603 @@
+//! The worker loop over leased work rows, against real PostgreSQL and
+//! SQLite: every row once, leases renewed under long work, retries with
+//! backoff and dead rows, a lost lease cancelling its handler, a graceful
+//! stop giving rows back, PostgreSQL notifications waking an idle worker,
+//! enqueue and prune, role affinity following a move, and the metrics.
+
+mod support;
+
+use std::collections::HashMap;
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rolegate::store::{LeaseStore, MemoryStore};
+use rolegate::work::{
+    Backoff, Finalized, Job, JobError, Outcome, WorkQueue, WorkTable, Worker, WorkerReport,
+};
+use rolegate::{CoordinatorBuilder, LeaseTimings};
+use tokio::sync::oneshot;
+
+enum Db {
+    Pg(sqlx::PgPool),
+    Lite(sqlx::SqlitePool, #[allow(dead_code)] tempfile::TempDir),
+}
+
+impl Db {
+    async fn pg() -> Db {
+        Db::Pg(
+            sqlx::PgPool::connect(&support::postgres_url())
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn lite() -> Db {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("work.db").display());
+        let opts = sqlx::sqlite::SqliteConnectOptions::from_str(&url)
+            .unwrap()
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        Db::Lite(pool, dir)
+    }
+
+    fn pg_kind(&self) -> bool {
+        matches!(self, Db::Pg(_))
+    }
+
+    async fn exec(&self, sql: &str) {
+        match self {
+            Db::Pg(p) => sqlx::query(sql).execute(p).await.map(|_| ()),
+            Db::Lite(p, _) => sqlx::query(sql).execute(p).await.map(|_| ()),
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
+    async fn int(&self, sql: &str) -> i64 {
+        match self {
+            Db::Pg(p) => sqlx::query_scalar::<_, i64>(sql).fetch_one(p).await,
+            Db::Lite(p, _) => sqlx::query_scalar::<_, i64>(sql).fetch_one(p).await,
+        }
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    }
+
+    fn now(&self) -> &'static str {
+        if self.pg_kind() {
+            "clock_timestamp()"
+        } else {
+            "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+        }
+    }
+
+    /// A fresh outbox table with `rows` pending rows; its name.
+    async fn outbox(&self, tag: &str, rows: u32) -> String {
+        let table = support::unique_table(tag);
+        let ddl = if self.pg_kind() {
+            format!(
+                "CREATE TABLE {table} (id bigserial PRIMARY KEY, payload text NOT NULL DEFAULT '', \
+                 status text NOT NULL DEFAULT 'pending', attempts int NOT NULL DEFAULT 0, \
+                 run_at timestamptz NOT NULL DEFAULT now(), partition_no int NOT NULL DEFAULT 0, \
+                 dedupe text UNIQUE, lock_id text, locked_until timestamptz)"
+            )
+        } else {
+            format!(
+                "CREATE TABLE {table} (id INTEGER PRIMARY KEY, payload TEXT NOT NULL DEFAULT '', \
+                 status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, \
+                 run_at INTEGER NOT NULL DEFAULT 0, partition_no INTEGER NOT NULL DEFAULT 0, \
+                 dedupe TEXT UNIQUE, lock_id TEXT, locked_until INTEGER)"
+            )
+        };
+        self.exec(&ddl).await;
+        for i in 0..rows {
+            self.exec(&format!(
+                "INSERT INTO {table} (payload, partition_no) VALUES ('message {i}', {})",
+                i % 2
+            ))
+            .await;
+        }
+        table
+    }
+
+    fn queue(&self, table: &str) -> WorkQueue {
+        let t = WorkTable::new(table)
+            .unwrap()
+            .eligible(&format!("status = 'pending' AND run_at <= {}", self.now()))
+            .order_by(&["run_at"])
+            .unwrap()
+            .attempts("attempts")
+            .unwrap()
+            .on_complete("status = 'done'")
+            .on_fail("run_at", None)
+            .unwrap()
+            .on_dead("status = 'dead'")
+            .partition_column("partition_no")
+            .unwrap();
+        match self {
+            Db::Pg(p) => WorkQueue::postgres(p.clone(), t),
+            Db::Lite(p, _) => WorkQueue::sqlite(p.clone(), t),
+        }
+    }
+}
+
+/// Runs `worker` with `handler` in the background; the sender stops it.
+fn spawn<H, F>(
+    worker: Worker,
+    handler: H,
+) -> (
+    oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<WorkerReport, rolegate::work::WorkError>>,
+)
+where
+    H: Fn(Job) -> F + Send + Sync + 'static,
+    F: std::future::Future<Output = Result<(), JobError>> + Send + 'static,
+{
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(worker.run(handler, async move {
+        let _ = rx.await;
+    }));
+    (tx, task)
+}
+
+async fn wait_rows(db: &Db, what: &str, sql: &str, want: i64) {
+    support::wait_for_async(what, Duration::from_secs(30), || async {
+        db.int(sql).await == want
+    })
+    .await;
+}
+
+/// Two workers of 8 slots each drain 200 rows: each row's handler runs
+/// once, every row ends done, and the reports add up.
+async fn every_row_runs_once(db: Db) {
+    let table = db.outbox("wk_once", 200).await;
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let handler = |runs: Arc<Mutex<HashMap<i64, usize>>>| {
+        move |job: Job| {
+            let runs = runs.clone();
+            async move {
+                let payload: String = job.get("payload")?;
+                assert!(payload.starts_with("message "));
+                *runs.lock().unwrap().entry(job.id).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                Ok(())
+            }
+        }
+    };
+    let worker = || Worker::new(db.queue(&table)).concurrency(8);
+    let (stop_a, a) = spawn(worker(), handler(runs.clone()));
+    let (stop_b, b) = spawn(worker(), handler(runs.clone()));
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "every row done", &done, 200).await;
+    let _ = (stop_a.send(()), stop_b.send(()));
+    let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 200);
+    assert!(runs.values().all(|n| *n == 1), "a row ran twice: {runs:?}");
+    assert_eq!(a.completed + b.completed, 200, "{a:?} {b:?}");
+    assert_eq!(a.claimed + b.claimed, 200, "{a:?} {b:?}");
+    assert_eq!(a.lost + b.lost + a.failed + b.failed, 0, "{a:?} {b:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_runs_once_on_postgres() {
+    every_row_runs_once(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_runs_once_on_sqlite() {
+    every_row_runs_once(Db::lite().await).await;
+}
+
+/// Work four times longer than the lease: the lease is renewed while the
+/// handler runs, so a second worker polling all along never gets the rows.
+async fn long_work_is_renewed_and_runs_once(db: Db) {
+    let table = db.outbox("wk_long", 4).await;
+    let runs: Arc<Mutex<HashMap<i64, usize>>> = Arc::default();
+    let handler = |runs: Arc<Mutex<HashMap<i64, usize>>>| {
+        move |job: Job| {
+            let runs = runs.clone();
+            async move {
+                *runs.lock().unwrap().entry(job.id).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(1_600)).await;
+                Ok(())
+            }
+        }
+    };
+    let lease = Duration::from_millis(400);
+    let worker = || {
+        Worker::new(db.queue(&table))
+            .concurrency(4)
+            .lease(lease)
+            .idle_poll(Duration::from_millis(20), Duration::from_millis(50))
+    };
+    let (stop_a, a) = spawn(worker(), handler(runs.clone()));
+    // The second starts once the first holds every row.
+    let locked = format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL");
+    wait_rows(&db, "the first worker holds every row", &locked, 4).await;
+    let (stop_b, b) = spawn(worker(), handler(runs.clone()));
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "every row done", &done, 4).await;
+    let _ = (stop_a.send(()), stop_b.send(()));
+    let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+    let runs = runs.lock().unwrap().clone();
+    assert!(runs.values().all(|n| *n == 1), "a row ran twice: {runs:?}");
+    assert_eq!((a.completed, b.claimed), (4, 0), "{a:?} {b:?}");
+    let attempts = format!("SELECT CAST(max(attempts) AS BIGINT) FROM {table}");
+    assert_eq!(db.int(&attempts).await, 1, "no row was claimed twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_work_is_renewed_and_runs_once_on_postgres() {
+    long_work_is_renewed_and_runs_once(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_work_is_renewed_and_runs_once_on_sqlite() {
+    long_work_is_renewed_and_runs_once(Db::lite().await).await;
+}
+
+/// A row whose handler always fails is retried after the backoff and is
+/// dead after its third attempt; a row its handler discards is dead after
+/// one. `on_finalize` reports each end.
+async fn failures_retry_then_die(db: Db) {
+    let table = db.outbox("wk_fail", 2).await;
+    type Ends = Mutex<Vec<(i64, Option<u32>, Outcome)>>;
+    let ends: Arc<Ends> = Arc::default();
+    let worker = Worker::new(db.queue(&table))
+        .max_attempts(3)
+        .backoff(Backoff {
+            base: Duration::from_millis(50),
+            factor: 2.0,
+            max: Duration::from_secs(1),
+            jitter: 0.0,
+        })
+        .idle_poll(Duration::from_millis(10), Duration::from_millis(20))
+        .on_finalize({
+            let ends = ends.clone();
+            move |f: &Finalized| ends.lock().unwrap().push((f.id, f.attempt, f.outcome))
+        });
+    let (stop, task) = spawn(worker, |job: Job| async move {
+        if job.id == 1 {
+            Err(JobError::retry("the remote end refused"))
+        } else {
+            Err(JobError::discard("this message can never be sent"))
+        }
+    });
+    let dead = format!("SELECT count(*) FROM {table} WHERE status = 'dead'");
+    wait_rows(&db, "both rows dead", &dead, 2).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!((report.failed, report.dead), (2, 2), "{report:?}");
+    let attempts = |id| format!("SELECT CAST(attempts AS BIGINT) FROM {table} WHERE id = {id}");
+    assert_eq!(db.int(&attempts(1)).await, 3);
+    assert_eq!(db.int(&attempts(2)).await, 1);
+    let ends = ends.lock().unwrap().clone();
+    let of = |id| -> Vec<(Option<u32>, Outcome)> {
+        ends.iter()
+            .filter(|e| e.0 == id)
+            .map(|e| (e.1, e.2))
+            .collect()
+    };
+    assert_eq!(
+        of(1),
+        [
+            (Some(1), Outcome::Failed),
+            (Some(2), Outcome::Failed),
+            (Some(3), Outcome::Dead)
+        ]
+    );
+    assert_eq!(of(2), [(Some(1), Outcome::Dead)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_retry_then_die_on_postgres() {
+    failures_retry_then_die(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_retry_then_die_on_sqlite() {
+    failures_retry_then_die(Db::lite().await).await;
+}
+
+/// Another lock on the row (its lease expired and it was claimed again):
+/// the next renewal finds it, the handler's token is cancelled and its
+/// future dropped, nothing is written, and the end is reported lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_cancels_the_handler() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_lost", 1).await;
+    let (seen_tx, seen_rx) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let ends: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let worker = Worker::new(db.queue(&table))
+        .lease(Duration::from_millis(300))
+        .on_finalize({
+            let ends = ends.clone();
+            move |f: &Finalized| ends.lock().unwrap().push(f.outcome)
+        });
+    let (stop, task) = spawn(worker, move |job: Job| {
+        let seen = seen_tx.clone();
+        async move {
+            let _ = seen.send("started");
+            // Tells the test once the token fires (a task of its own, since
+            // this future is dropped at that moment).
+            let cancel = job.cancel.clone();
+            let told = seen.clone();
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                let _ = told.send("cancelled");
+            });
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    let mut seen = seen_rx;
+    assert_eq!(seen.recv().await, Some("started"));
+    db.exec(&format!("UPDATE {table} SET lock_id = 'someone else'"))
+        .await;
+    let got = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+    assert_eq!(got, Ok(Some("cancelled")));
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.lost, 1, "{report:?}");
+    assert_eq!(*ends.lock().unwrap(), [Outcome::Lost]);
+    let row = format!(
+        "SELECT count(*) FROM {table} WHERE status = 'pending' AND lock_id = 'someone else'"
+    );
+    assert_eq!(db.int(&row).await, 1, "the new owner's row is untouched");
+}
+
+/// A stop with handlers still running past the grace: they are cancelled
+/// and dropped, and their rows given back, claimable at once.
+async fn a_stop_gives_running_rows_back(db: Db) {
+    let table = db.outbox("wk_stop", 3).await;
+    let worker = Worker::new(db.queue(&table))
+        .lease(Duration::from_secs(60))
+        .grace(Duration::from_millis(200));
+    let (stop, task) = spawn(worker, |_job: Job| async move {
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let locked = format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL");
+    wait_rows(&db, "every row running", &locked, 3).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.released, 3, "{report:?}");
+    assert_eq!(db.int(&locked).await, 0);
+    let again = db
+        .queue(&table)
+        .claim(10, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        again.len(),
+        3,
+        "claimable at once, not after the 60 s lease"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_gives_running_rows_back_on_postgres() {
+    a_stop_gives_running_rows_back(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_gives_running_rows_back_on_sqlite() {
+    a_stop_gives_running_rows_back(Db::lite().await).await;
+}
+
+/// An idle worker that polls only every 10 minutes wakes on a
+/// notification: from `enqueue().notify(..)`, and from the trigger of
+/// `notify_trigger_ddl` on a plain INSERT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_wake_an_idle_worker_on_postgres() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_wake", 0).await;
+    let channel = format!("{table}_wake");
+    let q = db.queue(&table);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let long = Duration::from_secs(600);
+    let worker = Worker::new(q.clone())
+        .idle_poll(long, long)
+        .listen(&channel);
+    let (stop, task) = spawn(worker, move |job: Job| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(job.id);
+            Ok(())
+        }
+    });
+    // Idle: its first claim found nothing, and the next poll is 10 min away.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let id = q
+        .enqueue()
+        .set("payload", "hello")
+        .notify(&channel)
+        .execute()
+        .await
+        .unwrap()
+        .expect("inserted");
+    let got = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
+    assert_eq!(got, Ok(Some(id)), "woken by enqueue's notification");
+    let Db::Pg(pool) = &db else { unreachable!() };
+    sqlx::raw_sql(&q.notify_trigger_ddl(&channel).unwrap())
+        .execute(pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    db.exec(&format!("INSERT INTO {table} (payload) VALUES ('plain')"))
+        .await;
+    let got = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
+    assert!(
+        matches!(got, Ok(Some(n)) if n > id),
+        "woken by the trigger: {got:?}"
+    );
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+}
+
+/// `enqueue` skips a duplicate of its unique column and delays a row by
+/// the database clock; `prune` deletes old finished rows, never live ones.
+async fn enqueue_and_prune(db: Db) {
+    let table = db.outbox("wk_enq", 0).await;
+    let q = db.queue(&table);
+    let first = q
+        .enqueue()
+        .set("payload", "a")
+        .set("dedupe", "order-7")
+        .unique_on("dedupe")
+        .execute()
+        .await
+        .unwrap();
+    assert!(first.is_some());
+    let again = q
+        .enqueue()
+        .set("payload", "b")
+        .set("dedupe", "order-7")
+        .unique_on("dedupe")
+        .execute()
+        .await
+        .unwrap();
+    assert_eq!(again, None, "a duplicate is skipped");
+    q.enqueue()
+        .set("payload", "later")
+        .run_after("run_at", Duration::from_secs(3600))
+        .execute()
+        .await
+        .unwrap();
+    let claimed = q.claim(10, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        claimed.ids().len(),
+        1,
+        "the delayed row is not eligible yet"
+    );
+    let (id, lock) = claimed.ids()[0].clone();
+    assert_eq!(Some(id), first);
+    assert!(q.complete(id, &lock).await.unwrap());
+    let (depth, _) = q.depth(Some("run_at")).await.unwrap();
+    assert_eq!(depth, 0, "nothing claimable now");
+    // The finished row goes; the pending (delayed) one stays.
+    let gone = q
+        .prune("status IN ('done', 'dead')", "run_at", Duration::ZERO, 100)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1);
+    assert_eq!(db.int(&format!("SELECT count(*) FROM {table}")).await, 1);
+    assert!(q
+        .enqueue()
+        .set("no such; column", 1)
+        .execute()
+        .await
+        .is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_and_prune_on_postgres() {
+    enqueue_and_prune(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_and_prune_on_sqlite() {
+    enqueue_and_prune(Db::lite().await).await;
+}
+
+/// A worker following a partition runs nothing while another instance
+/// holds the partition's roles, and every row once they move to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_worker_follows_the_roles() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_part", 20).await;
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let timings = LeaseTimings {
+        duration: Duration::from_millis(900),
+        renew_interval: Duration::from_millis(150),
+        safety_margin: Duration::from_millis(300),
+    };
+    let coordinator = |name: &str| {
+        CoordinatorBuilder::new(store.clone())
+            .instance_name(name)
+            .advertise(format!("http://{name}"))
+            .partition("outbox", 2, timings)
+            .balance("outbox", None)
+            .start()
+            .unwrap()
+    };
+    let other = coordinator("other");
+    other.ready(Duration::from_secs(5)).await.unwrap();
+    support::wait_for(
+        "the other instance holds both roles",
+        Duration::from_secs(5),
+        || other.partition("outbox").unwrap().held_here() == 2,
+    )
+    .await;
+    let here = coordinator("here");
+    here.ready(Duration::from_secs(5)).await.unwrap();
+    let runs = Arc::new(Mutex::new(0usize));
+    let worker = Worker::new(db.queue(&table))
+        .partition(here.partition("outbox").unwrap())
+        .idle_poll(Duration::from_millis(20), Duration::from_millis(50));
+    let (stop, task) = spawn(worker, {
+        let runs = runs.clone();
+        move |_job: Job| {
+            let runs = runs.clone();
+            async move {
+                *runs.lock().unwrap() += 1;
+                Ok(())
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(*runs.lock().unwrap(), 0, "no role held here: no row runs");
+    other.shutdown().await;
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "every row done after the move", &done, 20).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.completed, 20);
+    here.shutdown().await;
+}
+
+/// The worker's metrics reach whatever `metrics` recorder the app
+/// installed (here the Prometheus exporter the gateway uses).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_reports_its_metrics() {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .unwrap();
+    let db = Db::lite().await;
+    let table = db.outbox("wk_metrics", 5).await;
+    let (stop, task) = spawn(Worker::new(db.queue(&table)), |job: Job| async move {
+        if job.id == 5 {
+            return Err(JobError::discard("bad row"));
+        }
+        Ok(())
+    });
+    let finished = format!("SELECT count(*) FROM {table} WHERE status <> 'pending'");
+    wait_rows(&db, "every row finished", &finished, 5).await;
+    // Depth is sampled every 5 s while the worker runs.
+    let started = Instant::now();
+    let depth = format!("rolegate_work_queue_depth{{queue=\"{table}\"}} 0");
+    while !handle.render().contains(&depth) {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{depth} never sampled"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let _ = stop.send(());
+    task.await.unwrap().unwrap();
+    let text = handle.render();
+    for want in [
+        format!("rolegate_work_claimed_total{{queue=\"{table}\"}} 5"),
+        format!("rolegate_work_completed_total{{queue=\"{table}\"}} 4"),
+        format!("rolegate_work_dead_total{{queue=\"{table}\"}} 1"),
+        format!("rolegate_work_claim_seconds_count{{queue=\"{table}\"}}"),
+    ] {
+        assert!(text.contains(&want), "{want} missing from:\n{text}");
+    }
+}
