@@ -415,3 +415,39 @@ async fn a_route_table_difference_is_reported_by_every_member() {
         );
     }
 }
+
+/// Roles only, no partition: a prefix that one gateway routes to another
+/// role than the other does (the prefix moving between roles mid-deploy)
+/// is reported by both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_moving_between_roles_is_reported_by_both_members() {
+    let spec = ClusterSpec::postgres("routefp_roles");
+    let (app0, app1) = (TestApp::start(0).await, TestApp::start(1).await);
+    let table = |role: &str| {
+        format!(
+            "roles:\n  - name: billing\n  - name: reports\nroutes:\n  - prefixes: [/billing]\n    role: billing\n  - prefixes: [/reports]\n    role: {role}\n"
+        )
+    };
+    let gws = [
+        GatewayProcess::start_for_upstream(0, &spec, app0.port, &table("reports")).await,
+        GatewayProcess::start_for_upstream(1, &spec, app1.port, &table("billing")).await,
+    ];
+    for (n, g) in gws.iter().enumerate() {
+        support::wait_for_async(
+            &format!("gateway {n} reports the other's /reports"),
+            Duration::from_secs(15),
+            || async {
+                let members = g.leases().await["members"].to_string();
+                members.contains("/reports has another owner, key or scope")
+            },
+        )
+        .await;
+        let log = g.log();
+        assert!(
+            log.lines().any(|l| l.contains("WARN")
+                && l.contains("routes differently")
+                && l.contains("/reports")),
+            "gateway {n}:\n{log}"
+        );
+    }
+}

@@ -41,6 +41,11 @@ pub(super) fn presence_payload(routes: &str, partitions: &[(&str, &str)]) -> Str
     value.to_string()
 }
 
+/// Whether a payload carries a route table with at least one route.
+pub(super) fn has_routes(payload: &str) -> bool {
+    parse(payload).routes.is_some_and(|r| !r.is_empty())
+}
+
 /// The definition of `partition` a member published, if any.
 pub(super) fn published_definition(payload: &str, partition: &str) -> Option<String> {
     parse(payload).partitions.remove(partition)

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use super::HeartbeatLoop;
 use crate::lease::balance::assign;
-use crate::lease::fingerprint::published_definition;
+use crate::lease::fingerprint::{has_routes, published_definition};
 use crate::lease::state::Counters;
 use crate::lease::TermEndReason;
 use crate::store::Member;
@@ -64,7 +64,9 @@ pub(super) struct Balancer {
 }
 
 impl Balancer {
-    /// The balancer of a registry, or `None` when no partition is balanced.
+    /// The balancer of a registry, or `None` when no partition is balanced
+    /// and no route table is published. With routes but no balanced
+    /// partition it only keeps the presence record (route comparison).
     pub(super) fn new(shared: &crate::lease::state::LeaseState) -> Option<Balancer> {
         let mut partitions: Vec<Balanced> = shared
             .partitions()
@@ -79,16 +81,22 @@ impl Balancer {
                 })
             })
             .collect();
-        if partitions.is_empty() {
+        if partitions.is_empty() && !has_routes(shared.routes()) {
             return None;
         }
         partitions.sort_by_key(|p| p.first);
-        let ttl = partitions
-            .iter()
-            .flat_map(|p| p.first..p.first + p.count)
-            .map(|i| shared.role(i).timings.duration)
-            .min()
-            .unwrap_or(Duration::from_secs(15));
+        let ttl = if partitions.is_empty() {
+            (0..shared.role_count())
+                .map(|i| shared.role(i).timings.duration)
+                .min()
+        } else {
+            partitions
+                .iter()
+                .flat_map(|p| p.first..p.first + p.count)
+                .map(|i| shared.role(i).timings.duration)
+                .min()
+        }
+        .unwrap_or(Duration::from_secs(15));
         Some(Balancer {
             partitions,
             ttl,
