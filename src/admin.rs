@@ -18,7 +18,7 @@ use crate::lease::{Coordinator, DefinitionState};
 use crate::proxy::hold::Holds;
 
 #[derive(Serialize)]
-pub struct LeasesView {
+pub(crate) struct LeasesView {
     pub instance: InstanceView,
     /// Live members as their presence records say (balanced partitions only).
     pub members: Vec<MemberView>,
@@ -27,7 +27,7 @@ pub struct LeasesView {
 }
 
 #[derive(Serialize)]
-pub struct MemberView {
+pub(crate) struct MemberView {
     pub id: String,
     pub address: String,
     pub candidate: bool,
@@ -39,7 +39,7 @@ pub struct MemberView {
 /// One partition: how many of its roles this instance holds, and the fair
 /// share bounds ⌊N/C⌋..⌈N/C⌉ over the live candidates when balanced.
 #[derive(Serialize)]
-pub struct PartitionView {
+pub(crate) struct PartitionView {
     pub name: String,
     pub count: u32,
     pub balanced: bool,
@@ -58,7 +58,7 @@ pub struct PartitionView {
 }
 
 #[derive(Serialize)]
-pub struct InstanceView {
+pub(crate) struct InstanceView {
     pub id: String,
     pub address: String,
     pub candidate: bool,
@@ -74,7 +74,7 @@ pub struct InstanceView {
 }
 
 #[derive(Serialize)]
-pub struct RoleView {
+pub(crate) struct RoleView {
     pub role: String,
     pub held_here: bool,
     pub token: u64,
@@ -90,7 +90,7 @@ pub struct RoleView {
 }
 
 /// The `/leases` document; `held` counts the requests held per role.
-pub fn leases_view(
+pub(crate) fn leases_view(
     c: &Coordinator,
     hops_signed: bool,
     held: &HashMap<Arc<str>, usize>,
@@ -231,7 +231,7 @@ impl axum::extract::FromRef<AdminState> for Coordinator {
     }
 }
 
-pub fn router(
+pub(crate) fn router(
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,
     hops_signed: bool,
@@ -432,7 +432,7 @@ const ADMIN_MAX_CONNECTIONS: usize = 64;
 /// Serves the admin router until `stop` turns true. Like the public listener
 /// it has a header read timeout and a connection cap, so slow or idle clients
 /// cannot hold it: `/readyz` keeps answering.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     coordinator: Coordinator,
     metrics: Option<PrometheusHandle>,

@@ -18,12 +18,12 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::lease::LeaseEvent;
 
 /// Nanoseconds on `CLOCK_MONOTONIC` now.
-pub fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     (ts.tv_sec as u64)
         .saturating_mul(1_000_000_000)
@@ -33,9 +33,10 @@ pub fn monotonic_ns() -> u64 {
 /// One line of the event log. The variant is the `ev` key (`start`, `began`,
 /// `renewed`, `ended`, `admit`); the fields follow it in declaration order.
 /// Times (`t`, `until`) are nanoseconds on `CLOCK_MONOTONIC`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(test, derive(serde::Deserialize))]
 #[serde(tag = "ev", rename_all = "lowercase")]
-pub enum Event {
+pub(crate) enum Event {
     /// The gateway process started with this instance id.
     Start {
         /// The instance id of the process (new on every start).

@@ -1,21 +1,30 @@
 #![forbid(unsafe_code)]
-#![warn(missing_docs)]
+#![warn(missing_docs, unreachable_pub)]
+// Without the binary (feature `gateway`), helpers it shares with the library
+// go partly unused.
+#![cfg_attr(not(feature = "gateway"), allow(dead_code, unused_imports))]
 #![doc = include_str!("../docs/library.md")]
 
+#[cfg(feature = "gateway")]
 mod admin;
 mod body;
-mod cli;
+#[cfg(feature = "gateway")]
+pub mod cli;
 pub mod config;
 
-pub mod events;
+#[cfg(feature = "gateway")]
+mod events;
+#[cfg(feature = "gateway")]
 mod gateway;
 mod identity;
 pub mod lease;
+#[cfg(feature = "gateway")]
 mod listener;
 mod protocol;
 mod proxy;
 mod redact;
 mod role;
+#[cfg(feature = "gateway")]
 mod shutdown;
 pub mod store;
 mod telemetry;
@@ -42,10 +51,10 @@ pub use store::{LeaseStore, StoreConfig, StoreError, StoreKind};
 #[cfg(doctest)]
 mod doc_snippets {}
 
-/// Not API: the binary's entry point and the internals that the tests,
-/// benchmarks and fuzz targets exercise directly. May change in any release.
-#[doc(hidden)]
-pub mod __private {
-    pub use crate::cli::main;
+/// The pure rules the fuzz targets in `fuzz/` drive: path readings and
+/// routing, key extraction, header preparation and hop markers. Built only
+/// by `cargo fuzz` (`--cfg fuzzing`), never part of the API.
+#[cfg(fuzzing)]
+pub mod fuzzing {
     pub use crate::proxy::{canonical, forward, headers, hop, routes};
 }

@@ -43,17 +43,17 @@ pub(crate) async fn next_connection(
 }
 
 /// Largest request head (request line + headers) accepted; larger gets 431.
-pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Most header fields in a request head; more gets 431.
-pub const MAX_HEADERS: usize = 100;
+pub(crate) const MAX_HEADERS: usize = 100;
 
 /// How long a client may take to send a request head (public listener).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The admin listener's header read timeout: shorter, since its clients are
 /// probes and scrapers, and `/readyz` must stay answerable.
-pub const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const ADMIN_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Accept failures (out of file descriptors, mostly): a growing pause between
 /// attempts, and at most one log line per second with how many were hidden.
@@ -95,7 +95,7 @@ impl AcceptBackoff {
 
 /// Raises the soft open-files limit to the hard limit; returns the soft limit
 /// now in force (`None`: unlimited or unknown).
-pub fn raise_nofile_limit() -> Option<u64> {
+pub(crate) fn raise_nofile_limit() -> Option<u64> {
     use rustix::process::{getrlimit, setrlimit, Resource};
     let mut limit = getrlimit(Resource::Nofile);
     if limit.current != limit.maximum {
@@ -114,7 +114,7 @@ pub fn raise_nofile_limit() -> Option<u64> {
 /// `max_connections` within the open-files limit: each proxied connection
 /// may need two more descriptors upstream, and some stay free for the admin
 /// listener, the store and logs.
-pub fn connection_cap(max_connections: usize, nofile: Option<u64>) -> usize {
+pub(crate) fn connection_cap(max_connections: usize, nofile: Option<u64>) -> usize {
     const RESERVED: u64 = 64;
     match nofile {
         Some(n) => {

@@ -23,7 +23,7 @@ const SECRET_PARAMS: &[&str] = &[
 
 /// A URL with the password in its userinfo and every secret-looking query
 /// value replaced by `<redacted>`.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let mut out = String::with_capacity(url.len());
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
@@ -73,7 +73,7 @@ pub fn redact_url(url: &str) -> String {
 
 /// `text` with every `scheme://…` word in it redacted (error messages that
 /// quote a URL).
-pub fn redact_text(text: &str) -> String {
+pub(crate) fn redact_text(text: &str) -> String {
     if !text.contains("://") {
         return text.to_string();
     }

@@ -73,7 +73,7 @@ impl RoleName {
 
 /// The generated role name of partition `index`, unchecked (for messages and
 /// lookups; [`RoleName::partition`] checks it).
-pub fn partition_role_name(partition: &str, index: u32) -> String {
+pub(crate) fn partition_role_name(partition: &str, index: u32) -> String {
     format!("{partition}:partition-{index}")
 }
 

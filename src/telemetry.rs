@@ -2,76 +2,78 @@
 //! binary installs. The library emits through the `metrics` facade; without
 //! a recorder installed, emitting costs next to nothing.
 
+#[cfg(feature = "gateway")]
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 /// Gauge per role: 1 while held here.
-pub const LEASE_HELD: &str = "rolegate_lease_held";
+pub(crate) const LEASE_HELD: &str = "rolegate_lease_held";
 /// Counter per role: new terms started here.
-pub const TERM_CHANGES: &str = "rolegate_lease_term_changes_total";
+pub(crate) const TERM_CHANGES: &str = "rolegate_lease_term_changes_total";
 /// Counter: lease operations by `op` (acquire, renew, release) and `outcome`
 /// (granted, denied, late, error).
-pub const LEASE_OPS: &str = "rolegate_lease_operations_total";
+pub(crate) const LEASE_OPS: &str = "rolegate_lease_operations_total";
 /// Histogram: store round-trip latency by `op` (claim, snapshot, release, register).
-pub const STORE_LATENCY: &str = "rolegate_store_round_trip_seconds";
+pub(crate) const STORE_LATENCY: &str = "rolegate_store_round_trip_seconds";
 /// Counter: store failures (errors and timeouts) by `op`.
-pub const STORE_ERRORS: &str = "rolegate_store_errors_total";
+pub(crate) const STORE_ERRORS: &str = "rolegate_store_errors_total";
 /// Counter: proxied requests by `outcome`: local, forwarded, passthrough,
 /// or the refusal's reason (the `reason` of its problem body: missing-key,
 /// bad-key, holder-unknown, ...).
-pub const PROXY_REQUESTS: &str = "rolegate_proxy_requests_total";
+pub(crate) const PROXY_REQUESTS: &str = "rolegate_proxy_requests_total";
 /// Histogram: time to the response head, by `target` (holder, upstream).
-pub const FORWARD_LATENCY: &str = "rolegate_forward_seconds";
+pub(crate) const FORWARD_LATENCY: &str = "rolegate_forward_seconds";
 /// Gauge: response bodies still streaming.
-pub const OPEN_STREAMS: &str = "rolegate_open_streams";
+pub(crate) const OPEN_STREAMS: &str = "rolegate_open_streams";
 /// Gauge: upgraded (WebSocket) connections open.
-pub const OPEN_UPGRADES: &str = "rolegate_open_upgrades";
+pub(crate) const OPEN_UPGRADES: &str = "rolegate_open_upgrades";
 /// Gauge: 1 while this instance contends for roles.
-pub const CANDIDATE: &str = "rolegate_candidate";
+pub(crate) const CANDIDATE: &str = "rolegate_candidate";
 /// Gauge: 1 while the store answers and a snapshot is loaded.
-pub const READY: &str = "rolegate_ready";
+pub(crate) const READY: &str = "rolegate_ready";
 /// Gauge: roles of each balanced partition held here, by `partition`.
-pub const PARTITION_ROLES_HELD: &str = "rolegate_partition_roles_held";
+pub(crate) const PARTITION_ROLES_HELD: &str = "rolegate_partition_roles_held";
 /// Gauge: 1 while this instance's definition of a partition differs from
 /// the one the store records (it then neither holds nor serves the
 /// partition), by `partition`.
-pub const PARTITION_MISMATCH: &str = "rolegate_partition_mismatch";
+pub(crate) const PARTITION_MISMATCH: &str = "rolegate_partition_mismatch";
 /// Gauge: live members whose route-table fingerprint differs from this
 /// instance's.
-pub const ROUTE_MISMATCH: &str = "rolegate_route_mismatch_members";
+pub(crate) const ROUTE_MISMATCH: &str = "rolegate_route_mismatch_members";
 /// Counter: partition roles that moved by `cause`: `join` (handed to a new
 /// member), `surplus` (handed over to even the shares), `leave` (taken from
 /// a member that left).
-pub const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
+pub(crate) const PARTITION_MOVES: &str = "rolegate_partition_moves_total";
 /// Counter: local streams, tunnels and requests ended because the term they
 /// were admitted under ended, by `role` and `reason` (handover, stop,
 /// fail-close, lost, redefined).
-pub const STREAMS_ENDED: &str = "rolegate_streams_ended_total";
+pub(crate) const STREAMS_ENDED: &str = "rolegate_streams_ended_total";
 /// Gauge: role requests held now, waiting for a servable holder.
-pub const HELD_REQUESTS: &str = "rolegate_held_requests";
+pub(crate) const HELD_REQUESTS: &str = "rolegate_held_requests";
 /// Histogram: how long held requests waited.
-pub const HOLD_SECONDS: &str = "rolegate_hold_seconds";
+pub(crate) const HOLD_SECONDS: &str = "rolegate_hold_seconds";
 /// Counter: how holds ended, by `outcome` (held_then_local,
 /// held_then_forwarded, held_then_refused, hold_timeout, hold_full).
-pub const HOLD_OUTCOMES: &str = "rolegate_hold_outcomes_total";
+pub(crate) const HOLD_OUTCOMES: &str = "rolegate_hold_outcomes_total";
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.
-pub const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
+pub(crate) const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
 /// Counter: upstream health probes by `outcome` (ok, fail).
-pub const HEALTH_PROBES: &str = "rolegate_health_probes_total";
+pub(crate) const HEALTH_PROBES: &str = "rolegate_health_probes_total";
 
 /// Counter: reloads of the public listener's certificate by `outcome`
 /// (ok, refused: the new pair was bad and the previous one kept).
-pub const TLS_RELOADS: &str = "rolegate_tls_certificate_reloads_total";
+pub(crate) const TLS_RELOADS: &str = "rolegate_tls_certificate_reloads_total";
 /// Counter: TLS handshakes on the public listener that failed or timed out.
-pub const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures_total";
+pub(crate) const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures_total";
 
 /// Counter: hop markers refused by `reason`: `bad-signature` (another
 /// `proxy.cluster_secret`, or a forgery), `unsigned` (the sender has no
 /// secret), `stale` (signed more than 30 s from now).
-pub const HOPS_REFUSED: &str = "rolegate_hops_refused_total";
+pub(crate) const HOPS_REFUSED: &str = "rolegate_hops_refused_total";
 
 /// Installs the Prometheus recorder for this process.
-pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
+#[cfg(feature = "gateway")]
+pub(crate) fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
     let buckets = [
         0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
     ];
@@ -85,6 +87,7 @@ pub fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildE
     Ok(handle)
 }
 
+#[cfg(feature = "gateway")]
 fn describe() {
     use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
     describe_gauge!(LEASE_HELD, "1 while this instance holds the role");
@@ -154,7 +157,7 @@ fn describe() {
 /// Handles for the metrics recorded on every request, resolved once: a
 /// handle records with a few atomic operations, where a macro call would
 /// build a key and look it up in the registry each time.
-pub struct RequestMetrics {
+pub(crate) struct RequestMetrics {
     outcomes: Vec<(&'static str, metrics::Counter)>,
     pub forward_holder: metrics::Histogram,
     pub forward_upstream: metrics::Histogram,
@@ -163,7 +166,7 @@ pub struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub const OUTCOMES: [&str; 19] = [
+pub(crate) const OUTCOMES: [&str; 19] = [
     "local",
     "forwarded",
     "passthrough",
@@ -188,7 +191,7 @@ pub const OUTCOMES: [&str; 19] = [
 static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLock::new();
 
 /// The per-request handles (bound to the recorder installed at first use).
-pub fn request_metrics() -> &'static RequestMetrics {
+pub(crate) fn request_metrics() -> &'static RequestMetrics {
     REQUEST_METRICS.get_or_init(|| RequestMetrics {
         outcomes: OUTCOMES
             .iter()
@@ -203,7 +206,7 @@ pub fn request_metrics() -> &'static RequestMetrics {
 
 impl RequestMetrics {
     /// Counts one request with its outcome label.
-    pub fn count(&self, outcome: &str) {
+    pub(crate) fn count(&self, outcome: &str) {
         if let Some((_, c)) = self.outcomes.iter().find(|(o, _)| *o == outcome) {
             c.increment(1);
         }
@@ -267,16 +270,16 @@ pub(crate) fn request_warnings() -> &'static WarnGate {
 }
 
 /// Counts something open for as long as the guard lives (streams, upgrades).
-pub struct OpenGuard {
+pub(crate) struct OpenGuard {
     gauge: &'static metrics::Gauge,
 }
 
 impl OpenGuard {
-    pub fn stream() -> Self {
+    pub(crate) fn stream() -> Self {
         Self::new(&request_metrics().open_streams)
     }
 
-    pub fn upgrade() -> Self {
+    pub(crate) fn upgrade() -> Self {
         Self::new(&request_metrics().open_upgrades)
     }
 
@@ -293,12 +296,12 @@ impl Drop for OpenGuard {
 }
 
 /// Response bodies counted in `rolegate_open_streams` until they end or are dropped.
-pub struct TrackedBody;
+pub(crate) struct TrackedBody;
 
 impl TrackedBody {
     /// Counts `inner` in `rolegate_open_streams` while it streams, and keeps
     /// `hold` (e.g. the count of local work under a role) alive until it ends.
-    pub fn holding(
+    pub(crate) fn holding(
         inner: axum::body::Body,
         hold: Option<Box<dyn Send + Sync>>,
     ) -> axum::body::Body {

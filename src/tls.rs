@@ -46,7 +46,7 @@ pub struct PeersConfig {
 
 /// Why TLS material could not be used; each names the file and its key.
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+pub(crate) enum TlsError {
     /// The file could not be read.
     #[error("{key}: cannot read {}", path.display())]
     Read {
@@ -125,7 +125,7 @@ pub enum TlsError {
 
 impl TlsError {
     /// The error with its causes, `outer: cause: root cause`.
-    pub fn report(&self) -> String {
+    pub(crate) fn report(&self) -> String {
         let mut s = self.to_string();
         let mut next = std::error::Error::source(self);
         while let Some(cause) = next {
@@ -223,7 +223,9 @@ pub(crate) fn add_roots(
 /// The client config for hops to https peers: `peers.ca_file` (or the web
 /// PKI roots) and, with `peers.cert_file`, the client certificate. `None`
 /// when `peers` sets neither, so hops use the default client.
-pub fn peer_client_config(peers: &PeersConfig) -> Result<Option<rustls::ClientConfig>, TlsError> {
+pub(crate) fn peer_client_config(
+    peers: &PeersConfig,
+) -> Result<Option<rustls::ClientConfig>, TlsError> {
     if peers.ca_file.is_none() && peers.cert_file.is_none() {
         return Ok(None);
     }
@@ -337,7 +339,7 @@ impl ClientAuth {
 
 /// Reads every TLS file the config names, as the gateway would at start,
 /// so `check-config` refuses what `run` would.
-pub fn check_files(tls: Option<&TlsConfig>, peers: &PeersConfig) -> Result<(), TlsError> {
+pub(crate) fn check_files(tls: Option<&TlsConfig>, peers: &PeersConfig) -> Result<(), TlsError> {
     if let Some(tls) = tls {
         certified_key(
             ("tls.cert_file", "tls.key_file"),

@@ -31,7 +31,7 @@ mod support;
 mod chaos;
 
 use rand::SeedableRng;
-use rolegate::events::Event;
+use support::events::Event;
 
 use chaos::backend::Store;
 use chaos::checker::{self, Report};

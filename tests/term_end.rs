@@ -19,8 +19,8 @@ use axum::body::Body;
 use futures_util::StreamExt;
 use http::Request;
 use http_body_util::BodyExt;
-use rolegate::events::{monotonic_ns, Event};
 use support::cluster::{self, ClusterSpec, GatewayProcess, TestApp};
+use support::events::{monotonic_ns, Event};
 
 /// One tick a client received.
 #[derive(Debug, Clone)]

@@ -5,8 +5,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use rolegate::config::{Config, KeySource, RouteTarget};
-use rolegate::__private::headers::usable_key_header;
-use rolegate::__private::routes::canonical_prefix;
+use rolegate::fuzzing::headers::usable_key_header;
+use rolegate::fuzzing::routes::canonical_prefix;
 
 fn check_known() -> bool {
     // The findings this once skipped are fixed in src/: always checked.

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use axum::body::Body;
 use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use libfuzzer_sys::fuzz_target;
-use rolegate::__private::forward::{prepare_headers, sanitize_headers, HopContext};
+use rolegate::fuzzing::forward::{prepare_headers, sanitize_headers, HopContext};
 
 fn check_known() -> bool {
     // The findings this once skipped are fixed in src/: always checked.

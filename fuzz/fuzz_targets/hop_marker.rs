@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use arbitrary::Arbitrary;
 use http::HeaderValue;
 use libfuzzer_sys::fuzz_target;
-use rolegate::__private::hop::HopSigner;
+use rolegate::fuzzing::hop::HopSigner;
 
 #[derive(Arbitrary, Debug)]
 struct Input<'a> {

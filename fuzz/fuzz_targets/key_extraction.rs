@@ -8,7 +8,7 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Uri};
 use libfuzzer_sys::fuzz_target;
-use rolegate::__private::canonical::{canonical, percent_decode, readings};
+use rolegate::fuzzing::canonical::{canonical, percent_decode, readings};
 use rolegate::KeyExtractor;
 
 /// Percent-decodes (`+` as space when `plus`), as text when valid UTF-8.

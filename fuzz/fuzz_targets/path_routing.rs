@@ -6,10 +6,10 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use rolegate::__private::canonical::{
+use rolegate::fuzzing::canonical::{
     canonical, match_readings, percent_decode, prefix_matches, reading, BadPath, Steps,
 };
-use rolegate::__private::routes::{RouteError, RouteTable};
+use rolegate::fuzzing::routes::{RouteError, RouteTable};
 
 /// Canonical prefixes of the table, with their targets.
 const PREFIXES: &[(&str, u8)] = &[

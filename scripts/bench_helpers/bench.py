@@ -411,13 +411,13 @@ class Bench:
             f.write(text)
         return path
 
-    def start_rolegate(self, name, conf_text, env=None, cpu=None, args=()):
+    def start_rolegate(self, name, conf_text, env=None, cpu=None, args=(), bin=None):
         path = self.write(name + ".yaml", conf_text)
         e = dict(self.rg_env)
         if env:
             e.update(env)
-        p = self.procs.spawn(name, [self.bin, "run", "--config", path] + list(args), cpu=cpu or self.cpu_srv,
-                             env=e)
+        p = self.procs.spawn(name, [bin or self.bin, "run", "--config", path] + list(args),
+                             cpu=cpu or self.cpu_srv, env=e)
         return p
 
     def wait_ready(self, p, name, admin, timeout=20):
@@ -624,12 +624,28 @@ class Bench:
             "direct": [], "rolegate holder": [p_h.pid], "rolegate forwarded": [p_f.pid, p_h.pid],
             "nginx 1 hop": [p1.pid], "nginx 2 hops": [p2a.pid, p2b.pid], "HAProxy 1 hop": [p_ha.pid],
         }
-
-        def proxy_ticks(name):
-            return sum(cpu_ticks(p) + sum(cpu_ticks(c) for c in children_of(p)) for p in cpu_pids[name])
-
-        def up_ticks():
-            return cpu_ticks(p_up.pid) + sum(cpu_ticks(c) for c in children_of(p_up.pid))
+        # --compare BIN=LABEL (repeatable): other rolegate builds as more
+        # contenders, each with its own holder and forwarder on a store of
+        # their own, interleaved with the others in every round.
+        compared = []
+        for i, spec in enumerate(self.a.compare):
+            cbin, _, label = spec.partition("=")
+            label = label or "compared %d" % (i + 1)
+            cports = {k: free_port() for k in ("holder", "holder_admin", "fwd", "fwd_admin")}
+            cdb = "sqlite://%s/req-leases-compare-%d.db" % (d, i)
+            p_ch = self.start_rolegate("rg-compare-%d-holder" % i, rolegate_conf(
+                "compare-%d-holder" % i, cports["holder"], cports["holder_admin"], upstream_url, "sqlite", cdb),
+                bin=cbin)
+            self.wait_ready(p_ch, "rg-compare-%d-holder" % i, cports["holder_admin"])
+            wait_until("%s holder holds `bench`" % label, lambda: self.held_count(cports["holder_admin"]) == 1, 20)
+            p_cf = self.start_rolegate("rg-compare-%d-forwarder" % i, rolegate_conf(
+                "compare-%d-forwarder" % i, cports["fwd"], cports["fwd_admin"], upstream_url, "sqlite", cdb),
+                bin=cbin)
+            self.wait_ready(p_cf, "rg-compare-%d-forwarder" % i, cports["fwd_admin"])
+            cpu_pids[label + " holder"] = [p_ch.pid]
+            cpu_pids[label + " forwarded"] = [p_cf.pid, p_ch.pid]
+            compared += [(label + " holder", 1, cports["holder"]), (label + " forwarded", 2, cports["fwd"])]
+            self.results["notes"].append("`%s holder` and `%s forwarded` run %s (--compare)." % (label, label, cbin))
 
         contenders = [
             ("direct", 0, up),
@@ -638,7 +654,7 @@ class Bench:
             ("nginx 1 hop", 1, ports["ng1"]),
             ("nginx 2 hops", 2, ports["ng2a"]),
             ("HAProxy 1 hop", 1, ports["ha"]),
-        ]
+        ] + compared
         # Sanity: every contender answers both sizes with the right length, and
         # the rolegate paths reach the upstream as the holder.
         for name, _, port in contenders:
@@ -706,6 +722,9 @@ class Bench:
         http_get("127.0.0.1", ports["fwd_admin"], "/metrics", 10)
         for p in (p_f, p_h, p1, p2a, p2b, p_ha, p_up):
             self.procs.stop(p)
+        for name, p in list(self.procs.live):
+            if name.startswith("rg-compare"):
+                self.procs.stop(p)
         self.results["sections"]["request_path"] = {
             "gateway_rss_kib_before": rss0, "gateway_rss_kib_after": rss1, "gateway_requests": served,
             "rounds": rounds, "sat_seconds": sat_s, "fixed_seconds": ol_s, "fixed_warmup": ol_warm,
@@ -1541,6 +1560,9 @@ def main():
     ap.add_argument("--build-seconds", type=float, default=None)
     ap.add_argument("--started", type=float, default=None, help="unix time the wrapper started")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (logs, configs)")
+    ap.add_argument("--compare", action="append", default=[], metavar="BIN=LABEL",
+                    help="request path: also measure this rolegate binary under LABEL, interleaved "
+                         "(e.g. another build); repeatable")
     ap.add_argument("--render-only", default=None, metavar="JSON",
                     help="only rewrite the document from a results file written by --json")
     args = ap.parse_args()

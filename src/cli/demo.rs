@@ -21,7 +21,7 @@ const INSTANCES: usize = 3;
 
 /// Options of `rolegate demo`.
 #[derive(Debug, Clone)]
-pub struct DemoOptions {
+pub(super) struct DemoOptions {
     /// First public port (then +1, +2); admin ports at +10, apps at +20.
     /// 0 picks free ports.
     pub base_port: u16,
@@ -211,7 +211,7 @@ fn report_exit(name: &str, child: &mut Option<Child>, consequence: &str) {
 }
 
 /// Runs the demo until Ctrl-C or SIGTERM.
-pub async fn run(options: DemoOptions) -> ExitCode {
+pub(super) async fn run(options: DemoOptions) -> ExitCode {
     let dir = std::env::temp_dir().join(format!("rolegate-demo-{}", std::process::id()));
     let mut nodes = Vec::new();
     let result = start(&options, &dir, &mut nodes).await;
@@ -425,7 +425,7 @@ fn print_guide(nodes: &[Node], dir: &Path, store: &str) {
 // The demo app: answers with who ran the request and under which lease.
 
 /// `rolegate demo-app`: the small app each demo gateway fronts.
-pub async fn run_app(port: u16, name: String) -> ExitCode {
+pub(super) async fn run_app(port: u16, name: String) -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
         Ok(l) => l,
         Err(e) => {

@@ -12,13 +12,13 @@ use super::{
 pub(super) mod defaults {
     use std::time::Duration;
     /// `upstream.health.path`.
-    pub const HEALTH_PATH: &str = "/healthz";
+    pub(crate) const HEALTH_PATH: &str = "/healthz";
     /// `upstream.health.interval`.
-    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
+    pub(crate) const HEALTH_INTERVAL: Duration = Duration::from_secs(2);
     /// `upstream.health.unhealthy_after`.
-    pub const UNHEALTHY_AFTER: u32 = 3;
+    pub(crate) const UNHEALTHY_AFTER: u32 = 3;
     /// `shutdown.drain_timeout`.
-    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 }
 
 impl Resolver<'_> {

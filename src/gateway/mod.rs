@@ -3,10 +3,14 @@
 //! release. The request handler (`handler.rs`), the accept loop
 //! (`server.rs`) and the health probe (`health.rs`) live beside it.
 
+mod advertise;
+mod connection;
 mod handler;
 mod health;
+mod refuse;
 mod server;
 mod tls;
+mod upstream;
 mod workers;
 
 use std::net::SocketAddr;
@@ -120,7 +124,7 @@ pub(crate) async fn run(
         .as_ref()
         .map(|t| tls::ListenerTls::start(t, &config.peers, config.proxy.http2.enabled));
     let tls = tls.transpose()?.map(Arc::new);
-    let advertise = crate::identity::advertise_address(
+    let advertise = advertise::advertise_address(
         config.instance.advertise.as_deref(),
         bound,
         config.tls.is_some(),

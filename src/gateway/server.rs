@@ -13,7 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::handler::{ConnectionFacts, GatewayState};
+use super::connection::ConnectionFacts;
+use super::handler::GatewayState;
 use super::tls::ListenerTls;
 use crate::body::Holding;
 use crate::config::Http2Config;

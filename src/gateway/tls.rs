@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::handler::ConnectionFacts;
+use super::connection::ConnectionFacts;
 use crate::listener::HEADER_READ_TIMEOUT;
 use crate::shutdown::Shutdown;
 use crate::telemetry;

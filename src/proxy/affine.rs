@@ -33,7 +33,7 @@ use super::turns::Turns;
 /// common in app servers, so a reused connection is rarely one the peer
 /// closes; a client connection's own upstream connection idle this long is
 /// replaced rather than reused.
-pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+pub(crate) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Which upstream a kept connection goes to.
 #[derive(Debug, Clone, Copy)]

@@ -4,18 +4,18 @@
 use std::time::Duration;
 
 /// `proxy.connect_timeout`: time to open a connection to the app or a peer.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// `proxy.response_header_timeout`: time for the response head after the request body.
-pub const RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const RESPONSE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// `proxy.idle_timeout`: no byte either way for this long closes a connection or tunnel.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// `proxy.case_insensitive_paths`: prefixes match ignoring ASCII case.
-pub const CASE_INSENSITIVE_PATHS: bool = true;
+pub(crate) const CASE_INSENSITIVE_PATHS: bool = true;
 /// `proxy.upgrades`: protocols passed through an `Upgrade`.
-pub const UPGRADES: &[&str] = &["websocket"];
+pub(crate) const UPGRADES: &[&str] = &["websocket"];
 /// `proxy.max_connections`: public-listener connections served at once.
-pub const MAX_CONNECTIONS: usize = 10_000;
+pub(crate) const MAX_CONNECTIONS: usize = 10_000;
 /// `proxy.http2.max_concurrent_streams`: streams one HTTP/2 client may have open at once.
-pub const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
+pub(crate) const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// `proxy.hold_timeout`: how long a role request with no servable holder waits for one.
-pub const HOLD_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const HOLD_TIMEOUT: Duration = Duration::from_secs(1);

@@ -25,7 +25,7 @@ use super::headers::{
 use super::idle::{Progress, ProgressIo};
 use crate::lease::{LocalWork, TermWatch};
 
-pub use super::affine::POOL_IDLE_TIMEOUT;
+pub(crate) use super::affine::POOL_IDLE_TIMEOUT;
 
 /// Bytes of a health-probe answer read before the connection is dropped.
 const PROBE_BODY_LIMIT: usize = 64 * 1024;

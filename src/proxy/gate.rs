@@ -37,7 +37,7 @@ fn refused_hop(why: HopRefusal, client: Option<SocketAddr>) {
 
 /// What a route is gated by.
 #[derive(Clone)]
-pub enum GateTarget {
+pub(crate) enum GateTarget {
     Role(RoleLease),
     Partition {
         partition: RolePartition,
@@ -48,7 +48,7 @@ pub enum GateTarget {
 
 /// The outcome of the decision for one request.
 #[derive(Debug)]
-pub enum Decision {
+pub(crate) enum Decision {
     Local(HeldLease, LocalWork),
     Forward { address: Arc<str>, role: Arc<str> },
     Reject(Problem),
@@ -105,7 +105,7 @@ impl GateTarget {
     }
 
     /// Decides from the local snapshot only; no I/O.
-    pub fn decide(&self, uri: &Uri, headers: &HeaderMap, forwarded: bool) -> Decision {
+    pub(crate) fn decide(&self, uri: &Uri, headers: &HeaderMap, forwarded: bool) -> Decision {
         let (role, holder) = match self {
             GateTarget::Role(lease) => {
                 if let Some((held, work)) = lease.begin_local() {
@@ -198,7 +198,7 @@ fn key_problem(partition: &RolePartition, key: &KeyExtractor, e: KeyError) -> Pr
 
 /// A gated request, settled: answered already, or to be run here under the lease.
 #[derive(Debug)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// The response to send (forwarded answer, or a refusal).
     Answered(Response<Body>, Outcome),
     /// Held here: run the request locally under this lease; the work
@@ -208,7 +208,7 @@ pub enum Settled {
 
 /// Where a failed forward was going.
 #[derive(Debug, Clone, Copy)]
-pub enum NextHop<'a> {
+pub(crate) enum NextHop<'a> {
     /// The app behind this gateway.
     App {
         /// The app's base URL (logged redacted).
@@ -226,7 +226,7 @@ pub enum NextHop<'a> {
 /// The one mapping of a forwarding failure to a problem answer: the client's
 /// broken body is a 400 (logged at debug), a timeout and an unreachable next
 /// hop are 503s of their own reasons (logged at warn).
-pub fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
+pub(crate) fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
     let timeout = matches!(e, ForwardError::Timeout { .. });
     let (reason, detail) = match (e, hop) {
         (ForwardError::ClientBody, _) => {
@@ -284,7 +284,7 @@ pub fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
 
 /// How a request ended, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Local,
     Forwarded,
     Passthrough,
@@ -294,13 +294,13 @@ pub enum Outcome {
 /// Request extension: this request arrived as a verified forwarded hop;
 /// `signed` when it was verified with the cluster secret.
 #[derive(Debug, Clone, Copy)]
-pub struct ForwardedHop {
+pub(crate) struct ForwardedHop {
     pub signed: bool,
 }
 
 /// Per-process settings shared by every gated request.
 #[derive(Clone)]
-pub struct GateSettings {
+pub(crate) struct GateSettings {
     pub instance_id: Arc<str>,
     pub signer: HopSigner,
     pub retry_after_secs: u64,
@@ -333,7 +333,7 @@ fn refusal_method(method: &http::Method) -> String {
 impl GateSettings {
     /// Whether the peer's forwarding fields may be kept: it is a trusted
     /// proxy, or the request is a hop verified with the cluster secret.
-    pub fn trusts(&self, req: &Request<Body>, client: Option<SocketAddr>) -> bool {
+    pub(crate) fn trusts(&self, req: &Request<Body>, client: Option<SocketAddr>) -> bool {
         req.extensions()
             .get::<ForwardedHop>()
             .is_some_and(|h| h.signed)
@@ -341,7 +341,7 @@ impl GateSettings {
     }
 
     /// Header preparation for the next hop.
-    pub fn hop_context<'a>(
+    pub(crate) fn hop_context<'a>(
         &'a self,
         trusted: bool,
         client: Option<SocketAddr>,
@@ -361,7 +361,7 @@ impl GateSettings {
     /// A refused marker is counted and, at most once a minute, logged with
     /// the peer (`client`): a `cluster_secret` that differs between gateways
     /// shows here, not only as hops treated as fresh requests.
-    pub fn take_hop(&self, req: &mut Request<Body>, client: Option<SocketAddr>) -> bool {
+    pub(crate) fn take_hop(&self, req: &mut Request<Body>, client: Option<SocketAddr>) -> bool {
         // Seen already by an outer layer of this process (the marker is gone).
         if req.extensions().get::<ForwardedHop>().is_some() {
             return true;
@@ -538,7 +538,7 @@ impl GateSettings {
     }
 
     /// Forwards one hop to the holder's gateway; failures become 503s.
-    pub async fn forward_to_holder(
+    pub(crate) async fn forward_to_holder(
         &self,
         req: Request<Body>,
         client: Option<SocketAddr>,
@@ -570,7 +570,7 @@ impl GateSettings {
     /// refused), or hands it back with the lease to run it here. A request
     /// with no servable holder right now is held until the view names one
     /// (see [`super::hold`]).
-    pub async fn settle(
+    pub(crate) async fn settle(
         &self,
         target: &GateTarget,
         mut req: Request<Body>,
@@ -682,7 +682,7 @@ impl GateSettings {
     }
 
     /// Answers with a problem, counted as rejected for its reason.
-    pub fn reject(&self, p: Problem) -> (Response<Body>, Outcome) {
+    pub(crate) fn reject(&self, p: Problem) -> (Response<Body>, Outcome) {
         let reason = p.reason;
         (
             p.into_response(self.retry_after_secs),
@@ -692,7 +692,7 @@ impl GateSettings {
 }
 
 impl GateTarget {
-    pub fn partition_label(&self) -> Option<Arc<str>> {
+    pub(crate) fn partition_label(&self) -> Option<Arc<str>> {
         self.partition_name()
     }
 }

@@ -27,7 +27,7 @@ use crate::telemetry;
 /// The bounds of holding, shared by every request of a process, and what is
 /// held now per role.
 #[derive(Debug)]
-pub struct Holds {
+pub(crate) struct Holds {
     /// `proxy.hold_timeout` (zero: answer 503 at once).
     pub timeout: Duration,
     max: usize,
@@ -55,7 +55,7 @@ struct Episode {
 
 impl Holds {
     /// Holding for up to `timeout`, at most `max` requests at once.
-    pub fn new(timeout: Duration, max: usize) -> Arc<Self> {
+    pub(crate) fn new(timeout: Duration, max: usize) -> Arc<Self> {
         Arc::new(Self {
             timeout,
             max,
@@ -105,7 +105,7 @@ impl Holds {
     }
 
     /// The requests held now, per role (roles with none left out).
-    pub fn held_by_role(&self) -> HashMap<Arc<str>, usize> {
+    pub(crate) fn held_by_role(&self) -> HashMap<Arc<str>, usize> {
         self.roles()
             .iter()
             .map(|(r, e)| (r.clone(), e.now))

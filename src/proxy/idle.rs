@@ -14,13 +14,13 @@ use tokio::time::Instant;
 
 /// When bytes last moved, shared by the I/O wrappers and the watchdog.
 #[derive(Debug)]
-pub struct Progress {
+pub(crate) struct Progress {
     base: Instant,
     last_ms: AtomicU64,
 }
 
 impl Progress {
-    pub fn new() -> Arc<Self> {
+    pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
             base: Instant::now(),
             last_ms: AtomicU64::new(0),
@@ -28,7 +28,7 @@ impl Progress {
     }
 
     /// Records that bytes moved now.
-    pub fn touch(&self) {
+    pub(crate) fn touch(&self) {
         let ms = self.base.elapsed().as_millis() as u64;
         self.last_ms.store(ms, Ordering::Relaxed);
     }
@@ -38,7 +38,7 @@ impl Progress {
     }
 
     /// Resolves once no byte has moved for `limit`.
-    pub async fn idle_for(&self, limit: Duration) {
+    pub(crate) async fn idle_for(&self, limit: Duration) {
         loop {
             let deadline = self.last() + limit;
             if Instant::now() >= deadline {
@@ -51,13 +51,13 @@ impl Progress {
 
 /// An I/O object that touches `progress` whenever bytes move.
 #[derive(Debug)]
-pub struct ProgressIo<T> {
+pub(crate) struct ProgressIo<T> {
     inner: T,
     progress: Arc<Progress>,
 }
 
 impl<T> ProgressIo<T> {
-    pub fn new(inner: T, progress: Arc<Progress>) -> Self {
+    pub(crate) fn new(inner: T, progress: Arc<Progress>) -> Self {
         Self { inner, progress }
     }
 }

@@ -1,30 +1,28 @@
 //! Tower layers for axum apps: `RoleHolderLayer` and `PartitionHolderLayer`,
 //! mounted around the router (before routing). On the holder the inner
-//! service runs with a [`HeldLease`] request extension; elsewhere the request
+//! service runs with a [`HeldLease`](crate::HeldLease) request extension; elsewhere the request
 //! is forwarded one hop to the holder's app or answered 503/400.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use futures_util::future::BoxFuture;
+use futures_util::future::{BoxFuture, Either, Ready};
 use http::{Request, Response};
 use tower::{Layer, Service};
 
 use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder, HopProtocol};
-use super::gate::{GateSettings, GateTarget, Settled};
+use super::gate::{GateSettings, GateTarget};
 use super::headers::{strip_rolegate, UpgradeAsk};
 use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
-use super::term_body::TermBody;
+use super::stack::{ForwardingFields, Gate as StackGate, Route, Routes};
 use super::trust::Cidr;
-use crate::lease::{Coordinator, HeldLease};
+use crate::lease::Coordinator;
 
 /// Why a layer could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -130,6 +128,7 @@ impl LayerOptions {
     }
 }
 
+/// What a layer was built with; each `layer()` call makes its stack.
 #[derive(Clone)]
 struct Gate {
     /// `None`: the role is not registered; the layer installs nothing.
@@ -177,22 +176,22 @@ impl Gate {
         self.prefixes = canonical.into();
     }
 
-    /// Whether the request is gated: some reading of its path lies under a
-    /// prefix (see the gateway's canonical matching). `Err` for a path that
-    /// cannot be read safely (400).
-    fn applies(&self, path: &str) -> Result<bool, super::canonical::BadPath> {
-        if self.target.is_none() {
-            return Ok(false);
+    /// The shared stack around the app: route, gate, then the app's edge.
+    fn stack<S>(&self, inner: S) -> HolderService<S> {
+        let routes = Routes::Prefixes {
+            target: self.target.clone().map(Arc::new),
+            prefixes: self.prefixes.clone(),
+            fold_case: self.fold_case,
+        };
+        let settings = Arc::new(self.settings.clone());
+        let edge = AppEdge {
+            inner,
+            settings: settings.clone(),
+        };
+        let gate = StackGate::new(settings.clone(), ForwardingFields::Kept, edge);
+        HolderService {
+            stack: Route::new(Arc::new(routes), settings, gate),
         }
-        let readings = super::canonical::match_readings(path, self.fold_case)?;
-        if self.prefixes.is_empty() {
-            return Ok(true);
-        }
-        Ok(readings.iter().any(|r| {
-            self.prefixes
-                .iter()
-                .any(|p| super::canonical::prefix_matches(p, r, self.fold_case))
-        }))
     }
 }
 
@@ -331,28 +330,22 @@ impl PartitionHolderLayer {
 impl<S> Layer<S> for RoleHolderLayer {
     type Service = HolderService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        HolderService {
-            inner,
-            gate: self.gate.clone(),
-        }
+        self.gate.stack(inner)
     }
 }
 
 impl<S> Layer<S> for PartitionHolderLayer {
     type Service = HolderService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        HolderService {
-            inner,
-            gate: self.gate.clone(),
-        }
+        self.gate.stack(inner)
     }
 }
 
-/// The service both layers produce.
+/// The service both layers produce: the request path the gateway runs too
+/// (route, then gate), with the app below it.
 #[derive(Clone)]
 pub struct HolderService<S> {
-    inner: S,
-    gate: Gate,
+    stack: Route<StackGate<AppEdge<S>>>,
 }
 
 impl<S> Service<Request<Body>> for HolderService<S>
@@ -365,6 +358,38 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
+    /// Settled at once (a refused path), or as the gate settles it.
+    type Future = Either<
+        Ready<Result<Response<Body>, Infallible>>,
+        BoxFuture<'static, Result<Response<Body>, Infallible>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.stack.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
+        self.stack.call(req)
+    }
+}
+
+/// The edge between the gate and the app: only rolegate sets
+/// `X-Rolegate-*` for the app, so a client's are removed; an upgrade the
+/// gate does not allow (h2c) is removed; the app's answer is checked as the
+/// gateway checks an app's.
+#[derive(Clone)]
+struct AppEdge<S> {
+    inner: S,
+    settings: Arc<GateSettings>,
+}
+
+impl<S> Service<Request<Body>> for AppEdge<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
     type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -372,83 +397,16 @@ where
     }
 
     fn call(&mut self, mut req: Request<Body>) -> Self::Future {
-        // Take the service that was driven to readiness; leave a fresh clone.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let gate = self.gate.clone();
+        strip_rolegate(req.headers_mut());
+        strip_disallowed_upgrade(req.headers_mut(), &self.settings.upgrades);
+        let ask = UpgradeAsk::of(req.headers());
+        let settings = self.settings.clone();
+        let answer = self.inner.call(req);
         Box::pin(async move {
-            let applies = match gate.applies(req.uri().path()) {
-                Ok(applies) => applies,
-                Err(e) => {
-                    let p = Problem::new(Reason::BadRequest, e.to_string());
-                    return Ok(gate.settings.reject(p).0);
-                }
-            };
-            let target = match &gate.target {
-                Some(target) if applies => target,
-                _ => {
-                    // Not gated here: remember a verified hop for inner layers,
-                    // then strip, since only rolegate sets X-Rolegate-* for the
-                    // app; an upgrade the gate does not allow (h2c) is removed.
-                    let client = connect_info(&req);
-                    gate.settings.take_hop(&mut req, client);
-                    strip_rolegate(req.headers_mut());
-                    strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
-                    let ask = UpgradeAsk::of(req.headers());
-                    let answer = inner.call(req).await;
-                    return answer.map(|resp| app_answer(resp, ask.as_ref(), &gate));
-                }
-            };
-            let client = connect_info(&req);
-            let forwarded = gate.settings.take_hop(&mut req, client);
-            // Decide on the headers the inner service will see.
-            super::forward::sanitize_headers(req.headers_mut(), true, &gate.settings.upgrades);
-            match gate.settings.settle(target, req, client, forwarded).await {
-                Settled::Local(mut req, lease, work) => {
-                    strip_rolegate(req.headers_mut());
-                    strip_disallowed_upgrade(req.headers_mut(), &gate.settings.upgrades);
-                    let role = lease.role.clone();
-                    req.extensions_mut().insert::<HeldLease>(lease);
-                    // The app's own long work (a WebSocket task, a loop) learns
-                    // of the term's end from this.
-                    req.extensions_mut().insert(work.watch().clone());
-                    let ask = UpgradeAsk::of(req.headers());
-                    // The same work lifetime as the gateway's: counted until the
-                    // body has streamed, and ended with the term (the handler is
-                    // dropped if the term ends before it answers).
-                    let over = work.over();
-                    let answer = tokio::select! {
-                        answer = inner.call(req) => answer,
-                        _ = over => {
-                            let reason = work.watch().reason().map_or("lost", |r| r.as_str());
-                            metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role.to_string(), "reason" => reason).increment(1);
-                            let p = Problem::new(
-                                Reason::TermEnded,
-                                format!("role `{role}` moved while this request ran here; it was cut off and may have partly run"),
-                            )
-                            .role(Some(role));
-                            return Ok(gate.settings.reject(p).0);
-                        }
-                    };
-                    answer.map(|resp| {
-                        let resp = app_answer(resp, ask.as_ref(), &gate);
-                        if http_body::Body::is_end_stream(resp.body()) {
-                            return resp;
-                        }
-                        resp.map(|body| Body::new(TermBody::new(body, work)))
-                    })
-                }
-                Settled::Answered(resp, _) => Ok(resp),
-            }
+            let resp = answer.await?;
+            Ok(app_answer(resp, ask.as_ref(), &settings))
         })
     }
-}
-
-/// The peer's address, when the app serves with `ConnectInfo`.
-fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
-    req.extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0)
 }
 
 /// What the in-process app answered, passed on as the gateway passes on an
@@ -457,7 +415,11 @@ fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
 /// again after it ran here), and a 101 passes only when it completes the
 /// upgrade the request asked for; any other is answered 502
 /// `upstream-bad-upgrade` (hyper then switches nothing).
-fn app_answer(mut resp: Response<Body>, ask: Option<&UpgradeAsk>, gate: &Gate) -> Response<Body> {
+fn app_answer(
+    mut resp: Response<Body>,
+    ask: Option<&UpgradeAsk>,
+    settings: &GateSettings,
+) -> Response<Body> {
     resp.headers_mut().remove(super::headers::REFUSED);
     if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
         return resp;
@@ -469,7 +431,7 @@ fn app_answer(mut resp: Response<Body>, ask: Option<&UpgradeAsk>, gate: &Gate) -
                 Reason::UpstreamBadUpgrade,
                 format!("the app switched protocols unsafely: {why}"),
             );
-            gate.settings.reject(p).0
+            settings.reject(p).0
         }
     }
 }

@@ -2,27 +2,35 @@
 //! rules, problem answers and the tower layers.
 
 pub(crate) mod affine;
+#[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod canonical;
-pub mod defaults;
+pub(crate) mod defaults;
+#[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod forward;
-pub mod gate;
+pub(crate) mod gate;
 pub(crate) mod h2pool;
+#[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod headers;
-pub mod hold;
+pub(crate) mod hold;
+#[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod hop;
-pub mod idle;
-pub mod keys;
-pub mod layer;
-pub mod problem;
+pub(crate) mod idle;
+pub(crate) mod keys;
+pub(crate) mod layer;
+pub(crate) mod problem;
+#[cfg(test)]
+mod properties;
+#[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod routes;
+pub(crate) mod stack;
 pub(crate) mod term_body;
-pub mod trust;
+pub(crate) mod trust;
 pub(crate) mod tunnel;
 pub(crate) mod turns;
 
 pub(crate) use affine::Affinity;
 pub use forward::{ForwardError, Forwarder, HopProtocol};
-pub use gate::{failure_problem, NextHop, Settled};
+pub(crate) use gate::{failure_problem, NextHop};
 pub use keys::{KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerError, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};

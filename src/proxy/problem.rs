@@ -224,7 +224,7 @@ impl Problem {
 struct ProblemText(String);
 
 /// True for a gRPC request (`content-type: application/grpc[+proto|...]`).
-pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -241,7 +241,7 @@ pub fn is_grpc(headers: &http::HeaderMap) -> bool {
 /// the client sees e.g. `UNAVAILABLE` at once rather than a protocol error.
 /// The code follows gRPC's own HTTP-to-gRPC table (503, 502, 504 and 429
 /// are `UNAVAILABLE`); `Retry-After` and the other headers are kept.
-pub fn grpc_answer(resp: Response<Body>) -> Response<Body> {
+pub(crate) fn grpc_answer(resp: Response<Body>) -> Response<Body> {
     let (mut parts, _) = resp.into_parts();
     let code: u16 = match parts.status.as_u16() {
         400 => 13,                   // INTERNAL

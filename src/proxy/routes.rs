@@ -133,11 +133,6 @@ impl<T> RouteTable<T> {
             .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
     }
 
-    /// Whether no prefix is registered.
-    pub fn is_empty(&self) -> bool {
-        self.targets.is_empty()
-    }
-
     fn longest(&self, reading: &[u8]) -> Option<usize> {
         self.entries
             .iter()

@@ -69,7 +69,7 @@ impl Cidr {
 }
 
 /// Whether `ip` is in any of `blocks`.
-pub fn is_trusted(blocks: &[Cidr], ip: Option<IpAddr>) -> bool {
+pub(crate) fn is_trusted(blocks: &[Cidr], ip: Option<IpAddr>) -> bool {
     ip.is_some_and(|ip| blocks.iter().any(|b| b.contains(ip)))
 }
 

@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
-use rolegate::events::Event;
+use crate::support::events::Event;
 
 use super::backend::Store;
 use super::harness::{EdgeFault, Execution, Fault, FaultKind, Sent, Streamed};

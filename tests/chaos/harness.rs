@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::events::monotonic_ns;
 use axum::body::Body;
 use http::Request;
 use http_body_util::BodyExt;
@@ -17,7 +18,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rolegate::events::monotonic_ns;
 
 use super::backend::{self, Servers, Store, Timings};
 use super::fault_proxy::{FaultProxy, BLACKHOLE, DELAY, PASS};

@@ -166,7 +166,7 @@ async fn app_handle(st: Arc<AppState>, mut req: Request<Incoming>) -> Response<B
         path: path_and_query.clone(),
         headers: req.headers().clone(),
         version: req.version(),
-        t_ns: rolegate::events::monotonic_ns(),
+        t_ns: super::events::monotonic_ns(),
         from_port: req.extensions().get::<FromPort>().map_or(0, |p| p.0),
     });
     let n = st.n;
@@ -305,7 +305,7 @@ fn websocket_echo(req: &mut Request<Incoming>) -> Response<Body> {
 /// the role and token the gateway gave the request, and when the app made it
 /// (CLOCK_MONOTONIC, comparable with the gateways' event logs).
 fn tick_text(n: usize, role: &str, token: &str) -> String {
-    format!("app{n} {role} {token} {}", rolegate::events::monotonic_ns())
+    format!("app{n} {role} {token} {}", super::events::monotonic_ns())
 }
 
 fn role_and_token(headers: &HeaderMap) -> (String, String) {
@@ -777,7 +777,7 @@ impl GatewayProcess {
     }
 
     /// The lines of `--events` so far (see `ClusterSpec::with_events`).
-    pub fn events(&self) -> Vec<rolegate::events::Event> {
+    pub fn events(&self) -> Vec<super::events::Event> {
         std::fs::read_to_string(self.dir.join("events.jsonl"))
             .unwrap_or_default()
             .lines()

@@ -7,6 +7,7 @@
 pub mod cluster;
 pub mod conformance;
 pub mod etcd;
+pub mod events;
 pub mod gateway_tls;
 pub mod intervals;
 pub mod tls;

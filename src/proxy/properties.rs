@@ -4,13 +4,13 @@
 //! key is the same key, and header preparation never lets a client-sent
 //! rolegate field or look-alike through.
 
+use super::canonical::BadPath;
+use super::forward::{prepare_headers, HopContext};
+use super::routes::{RouteError, RouteTable};
+use super::KeyExtractor;
 use axum::body::Body;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use proptest::prelude::*;
-use rolegate::__private::canonical::BadPath;
-use rolegate::__private::forward::{prepare_headers, HopContext};
-use rolegate::__private::routes::{RouteError, RouteTable};
-use rolegate::KeyExtractor;
 
 #[derive(Debug, Clone)]
 enum Disguise {

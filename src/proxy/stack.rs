@@ -1,0 +1,280 @@
+//! The request path the gateway and the layers share, as two tower services:
+//!
+//! - [`Route`] finds what gates a request (a role, a partition, or nothing);
+//! - [`Gate`] settles a gated request: forwarded one hop to the holder,
+//!   held until one can serve it, refused, or run here under the lease.
+//!
+//! Below them sits the local service: the gateway's upstream client, or the
+//! app a layer wraps. The holder decision and the lifetime of local work
+//! exist only here: local work counts as running until the response body
+//! has streamed (or an upgrade's tunnel closes), and ends with its term.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use futures_util::future::{BoxFuture, Either, Ready};
+use http::{Request, Response};
+use tower::Service;
+
+use super::canonical::{match_readings, prefix_matches};
+use super::forward::{sanitize_headers, TunnelWork};
+use super::gate::{GateSettings, GateTarget, Outcome, Settled};
+use super::problem::{Problem, Reason};
+use super::routes::{RouteError, RouteTable};
+use super::term_body::TermBody;
+use crate::lease::{HeldLease, LocalWork};
+
+/// What gates requests: the gateway's route table, or one layer's target
+/// and prefixes.
+pub(crate) enum Routes {
+    /// The gateway's `routes`: the longest matching prefix picks the target.
+    Table(RouteTable<Arc<GateTarget>>),
+    /// A layer: every request under one of `prefixes` (all of them when
+    /// empty) is gated on `target`; `None` gates nothing.
+    Prefixes {
+        target: Option<Arc<GateTarget>>,
+        /// Canonical prefixes.
+        prefixes: Arc<[Vec<u8>]>,
+        fold_case: bool,
+    },
+}
+
+impl Routes {
+    /// The target gating `path`, if any; a path that cannot be read safely
+    /// (or, for the gateway, whose readings route differently) is refused.
+    fn find(&self, path: &str) -> Result<Option<Arc<GateTarget>>, Problem> {
+        match self {
+            Routes::Table(table) => match table.find(path) {
+                Ok(target) => Ok(target.cloned()),
+                Err(e) => {
+                    let reason = match e {
+                        RouteError::Ambiguous => Reason::AmbiguousPath,
+                        RouteError::BadPath(_) => Reason::BadRequest,
+                    };
+                    Err(Problem::new(reason, e.to_string()))
+                }
+            },
+            Routes::Prefixes { target: None, .. } => Ok(None),
+            Routes::Prefixes {
+                target: Some(target),
+                prefixes,
+                fold_case,
+            } => {
+                let readings = match_readings(path, *fold_case)
+                    .map_err(|e| Problem::new(Reason::BadRequest, e.to_string()))?;
+                let gated = prefixes.is_empty()
+                    || readings
+                        .iter()
+                        .any(|r| prefixes.iter().any(|p| prefix_matches(p, r, *fold_case)));
+                Ok(gated.then(|| target.clone()))
+            }
+        }
+    }
+}
+
+/// Request extension set by [`Route`]: the target gating this request.
+#[derive(Clone)]
+struct Gated(Arc<GateTarget>);
+
+/// Finds what gates each request and passes it on as a request extension;
+/// answers 400 for a path it cannot route safely.
+#[derive(Clone)]
+pub(crate) struct Route<S> {
+    inner: S,
+    routes: Arc<Routes>,
+    settings: Arc<GateSettings>,
+}
+
+impl<S> Route<S> {
+    pub(crate) fn new(routes: Arc<Routes>, settings: Arc<GateSettings>, inner: S) -> Self {
+        Self {
+            inner,
+            routes,
+            settings,
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for Route<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Either<Ready<Result<Response<Body>, Infallible>>, S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        match self.routes.find(req.uri().path()) {
+            Ok(target) => {
+                if let Some(target) = target {
+                    req.extensions_mut().insert(Gated(target));
+                }
+                Either::Right(self.inner.call(req))
+            }
+            Err(p) => Either::Left(futures_util::future::ready(Ok(answer(&self.settings, p)))),
+        }
+    }
+}
+
+/// How a gated request's forwarding fields (`Forwarded`, `X-Forwarded-*`)
+/// are judged before the app or a peer sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ForwardingFields {
+    /// Kept only from a trusted proxy or a verified hop (the gateway, which
+    /// faces clients).
+    FromTrusted,
+    /// Kept as the app's server received them (a layer, behind whatever
+    /// the app already trusts).
+    Kept,
+}
+
+/// Settles each gated request; an ungated one goes to the local service as
+/// is (a verified hop marker is remembered for inner layers).
+#[derive(Clone)]
+pub(crate) struct Gate<S> {
+    inner: S,
+    settings: Arc<GateSettings>,
+    fields: ForwardingFields,
+}
+
+impl<S> Gate<S> {
+    pub(crate) fn new(settings: Arc<GateSettings>, fields: ForwardingFields, inner: S) -> Self {
+        Self {
+            inner,
+            settings,
+            fields,
+        }
+    }
+}
+
+impl<S> Service<Request<Body>> for Gate<S>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+        let client = connect_info(&req);
+        let settings = &self.settings;
+        let Some(Gated(target)) = req.extensions_mut().remove::<Gated>() else {
+            settings.take_hop(&mut req, client);
+            return Box::pin(self.inner.call(req));
+        };
+        // Take the service that was driven to readiness; leave a fresh clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let settings = settings.clone();
+        let fields = self.fields;
+        Box::pin(async move {
+            let forwarded = settings.take_hop(&mut req, client);
+            // Decide on the forwarding fields the app or a peer will see.
+            let trusted = match fields {
+                ForwardingFields::FromTrusted => settings.trusts(&req, client),
+                ForwardingFields::Kept => true,
+            };
+            sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
+            match settings.settle(&target, req, client, forwarded).await {
+                Settled::Local(req, lease, work) => {
+                    Ok(run_local(inner, req, lease, work, &settings).await)
+                }
+                Settled::Answered(resp, outcome) => {
+                    tracing::debug!(
+                        ?outcome,
+                        status = resp.status().as_u16(),
+                        "role route answered"
+                    );
+                    Ok(with_outcome(resp, outcome))
+                }
+            }
+        })
+    }
+}
+
+/// Runs a request here under its term. While the local service has not
+/// answered, the exchange is dropped when the term ends (a gateway's app
+/// sees its connection close; a layer's handler future is dropped) and the
+/// client gets 503 `term-ended`; the response body is cut when the term
+/// ends; an upgrade's tunnel takes the work and ends with it.
+async fn run_local<S>(
+    mut inner: S,
+    mut req: Request<Body>,
+    lease: HeldLease,
+    work: LocalWork,
+    settings: &GateSettings,
+) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    let over = work.over();
+    let role = lease.role.clone();
+    // The app's own long work (a WebSocket task, a loop) learns of the
+    // term's end from this.
+    req.extensions_mut().insert(work.watch().clone());
+    let slot = TunnelWork::new(work);
+    req.extensions_mut().insert(slot.clone());
+    req.extensions_mut().insert::<HeldLease>(lease);
+    let resp = tokio::select! {
+        answer = inner.call(req) => match answer {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        },
+        _ = over => return answer(settings, term_ended(role, slot.reason())),
+    };
+    // The work counts as running until its body has streamed.
+    match slot.take() {
+        Some(work) if !http_body::Body::is_end_stream(resp.body()) => {
+            resp.map(|body| Body::new(TermBody::new(body, work)))
+        }
+        _ => resp,
+    }
+}
+
+/// The 503 for a local request whose term ended before it was answered.
+fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
+    metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role.to_string(), "reason" => reason)
+        .increment(1);
+    Problem::new(
+        Reason::TermEnded,
+        format!("role `{role}` moved while this request ran here; it was cut off and may have partly run"),
+    )
+    .role(Some(role))
+}
+
+/// The peer's address: set by the gateway for each connection, and by axum
+/// when the app serves with `ConnectInfo`.
+pub(crate) fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+}
+
+/// A response that carries how the request ended (a response extension the
+/// gateway counts by; a layer leaves it).
+pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+    resp.extensions_mut().insert(outcome);
+    resp
+}
+
+/// The problem answer for `p`, carrying its outcome.
+pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
+    let (resp, outcome) = settings.reject(p);
+    with_outcome(resp, outcome)
+}
