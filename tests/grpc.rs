@@ -33,19 +33,29 @@ fn rig_script() -> String {
     format!("{}/tests/support/grpc_rig.py", env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Starts a grpcio server on port 0; it prints the port it bound once it
+/// serves.
 async fn start_app(name: &str) -> GrpcApp {
-    let port = support::free_port();
-    let child = Command::new(support::python_with("grpc"))
-        .args([&rig_script(), "serve", &port.to_string(), name])
-        .stdout(Stdio::null())
+    let mut child = Command::new(support::python_with("grpc"))
+        .args([&rig_script(), "serve", "0", name])
+        .stdout(Stdio::piped())
         .spawn()
         .expect("start the grpcio server");
-    let app = GrpcApp { child, port };
-    support::wait_for("the grpcio server listens", Duration::from_secs(15), || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-    })
-    .await;
-    app
+    let stdout = child.stdout.take().expect("piped stdout");
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).map(|_| line)
+    });
+    let line = tokio::time::timeout(Duration::from_secs(15), line).await;
+    let port = match line {
+        Ok(Ok(Ok(line))) => line.trim().parse::<u16>().ok(),
+        _ => None,
+    };
+    let Some(port) = port else {
+        let _ = child.kill();
+        panic!("the grpcio server reported no port ({:?})", child.wait());
+    };
+    GrpcApp { child, port }
 }
 
 /// Runs one client case against `port` and returns its JSON report.

@@ -321,13 +321,12 @@ fn flask_python() -> String {
 
 async fn start_flask(name: &str, server: &str) -> App {
     let python = flask_python();
-    let port = support::free_port();
-    let dir = std::env::temp_dir().join(format!("rolegate-flask-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = support::test_dir(&format!("flask-{name}"));
+    let port_file = dir.join("port");
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/flask_app.py");
     let child = Command::new(python)
         .arg(script)
-        .arg(port.to_string())
+        .arg(&port_file)
         .arg(dir.join("seen.jsonl"))
         .arg(name)
         .arg(server)
@@ -335,30 +334,34 @@ async fn start_flask(name: &str, server: &str) -> App {
         .stderr(std::fs::File::create(dir.join("stderr.log")).unwrap())
         .spawn()
         .expect("spawn the Flask app");
-    let mut app = App {
-        name: name.into(),
-        port,
-        inner: Inner::Flask {
-            child,
-            dir: dir.clone(),
-        },
+    let mut inner = Inner::Flask {
+        child,
+        dir: dir.clone(),
     };
     let start = Instant::now();
     loop {
-        if let Ok((StatusCode::OK, _, _)) =
-            cluster::get(&format!("http://127.0.0.1:{port}/healthz")).await
-        {
-            return app;
+        // The app binds port 0 and writes the port it got once it listens.
+        let port: Option<u16> = std::fs::read_to_string(&port_file)
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
+        if let Some(port) = port {
+            if let Ok((StatusCode::OK, _, _)) =
+                cluster::get(&format!("http://127.0.0.1:{port}/healthz")).await
+            {
+                return App {
+                    name: name.into(),
+                    port,
+                    inner,
+                };
+            }
         }
-        let Inner::Flask { child, .. } = &mut app.inner else {
+        let Inner::Flask { child, .. } = &mut inner else {
             unreachable!()
         };
         let exited = child.try_wait().ok().flatten();
         if exited.is_some() || start.elapsed() > Duration::from_secs(20) {
             let err = std::fs::read_to_string(dir.join("stderr.log")).unwrap_or_default();
-            panic!(
-                "Flask app ({server}) on port {port} did not come up ({exited:?}); stderr:\n{err}"
-            );
+            panic!("Flask app ({server}) did not come up ({exited:?}); stderr:\n{err}");
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

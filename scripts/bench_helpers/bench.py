@@ -647,6 +647,12 @@ class Bench:
             compared += [(label + " holder", 1, cports["holder"]), (label + " forwarded", 2, cports["fwd"])]
             self.results["notes"].append("`%s holder` and `%s forwarded` run %s (--compare)." % (label, label, cbin))
 
+        def proxy_ticks(name):
+            return sum(cpu_ticks(p) + sum(cpu_ticks(c) for c in children_of(p)) for p in cpu_pids[name])
+
+        def up_ticks():
+            return cpu_ticks(p_up.pid) + sum(cpu_ticks(c) for c in children_of(p_up.pid))
+
         contenders = [
             ("direct", 0, up),
             ("rolegate holder", 1, ports["holder"]),

@@ -278,3 +278,135 @@ pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
     let (resp, outcome) = settings.reject(p);
     with_outcome(resp, outcome)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::lease::{Coordinator, CoordinatorBuilder, LeaseTimings};
+    use crate::proxy::{defaults, Forwarder};
+    use crate::store::MemoryStore;
+
+    const T: LeaseTimings = LeaseTimings {
+        duration: Duration::from_millis(600),
+        renew_interval: Duration::from_millis(100),
+        safety_margin: Duration::from_millis(150),
+    };
+
+    fn settings(coordinator: &Coordinator) -> Arc<GateSettings> {
+        Arc::new(GateSettings {
+            instance_id: coordinator.instance_id().into(),
+            signer: crate::proxy::hop::HopSigner::new(None),
+            retry_after_secs: 1,
+            forwarder: Forwarder::new(defaults::CONNECT_TIMEOUT, defaults::RESPONSE_HEADER_TIMEOUT)
+                .unwrap(),
+            upgrades: Arc::from(Vec::new()),
+            trusted_proxies: Arc::from(Vec::new()),
+            peer_protocol: crate::proxy::HopProtocol::Http1,
+            holds: crate::proxy::hold::Holds::new(Duration::ZERO, 16),
+        })
+    }
+
+    async fn held_coordinator() -> Coordinator {
+        let c = CoordinatorBuilder::new(Arc::new(MemoryStore::new()))
+            .role("jobs", T)
+            .drain_timeout(Duration::from_millis(300))
+            .start()
+            .unwrap();
+        let role = c.role("jobs").unwrap();
+        for _ in 0..200 {
+            if role.is_held() {
+                return c;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the role was never held");
+    }
+
+    fn get(path: &str) -> Request<Body> {
+        Request::get(path).body(Body::empty()).unwrap()
+    }
+
+    /// The local service: says whether it ran under a lease, and streams
+    /// a body that never ends on its own.
+    fn app(
+    ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = impl Send>
+           + Clone
+           + Send
+           + 'static {
+        tower::service_fn(|req: Request<Body>| async move {
+            let held = req.extensions().get::<HeldLease>().is_some();
+            let gated = req.extensions().get::<Gated>().is_some();
+            let body = if held {
+                let stream = futures_util::stream::unfold((), |()| async {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Some((Ok::<_, Infallible>(bytes::Bytes::from_static(b"tick")), ()))
+                });
+                Body::from_stream(stream)
+            } else {
+                Body::from(format!("held={held} gated={gated}"))
+            };
+            Ok::<_, Infallible>(Response::new(body))
+        })
+    }
+
+    #[tokio::test]
+    async fn route_passes_what_it_does_not_gate_and_refuses_an_unreadable_path() {
+        let c = held_coordinator().await;
+        let settings = settings(&c);
+        let target = Arc::new(GateTarget::Role(c.role("jobs").unwrap()));
+        let routes = Arc::new(Routes::Prefixes {
+            target: Some(target),
+            prefixes: Arc::from(vec![b"/jobs".to_vec()]),
+            fold_case: true,
+        });
+        let route = Route::new(routes, settings, app());
+        let resp = route.clone().oneshot(get("/other")).await.unwrap();
+        let text = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&text[..], b"held=false gated=false");
+        // Gated, but no gate below: the route only marks it.
+        let resp = route.clone().oneshot(get("/JOBS/run")).await.unwrap();
+        let text = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&text[..], b"held=false gated=true");
+        let resp = route.oneshot(get("/jobs/a%00b")).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
+        c.shutdown_now().await;
+    }
+
+    #[tokio::test]
+    async fn gate_runs_local_work_until_its_body_ends_and_cuts_it_with_the_term() {
+        let c = held_coordinator().await;
+        let settings = settings(&c);
+        let target = Arc::new(GateTarget::Role(c.role("jobs").unwrap()));
+        let routes = Arc::new(Routes::Prefixes {
+            target: Some(target),
+            prefixes: Arc::from(Vec::new()),
+            fold_case: true,
+        });
+        let gate = Gate::new(settings.clone(), ForwardingFields::Kept, app());
+        let stack = Route::new(routes, settings, gate);
+        let resp = stack.oneshot(get("/jobs/run")).await.unwrap();
+        assert_eq!(resp.status(), http::StatusCode::OK);
+        let mut body = resp.into_body();
+        let first = body.frame().await.unwrap().unwrap();
+        assert_eq!(first.data_ref().unwrap().as_ref(), b"tick");
+        // The stream is local work: the stop waits for it (up to its drain
+        // bound), ends the term, and the body fails at its next poll.
+        let stop = tokio::spawn(async move { c.shutdown().await });
+        let ended = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match body.frame().await {
+                    Some(Ok(_)) => continue,
+                    Some(Err(_)) | None => return,
+                }
+            }
+        })
+        .await;
+        assert!(ended.is_ok(), "the body outlived its term");
+        stop.await.unwrap();
+    }
+}

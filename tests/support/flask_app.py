@@ -1,7 +1,10 @@
 """A small Flask app for tests/hostile_clients.rs: an app as frameworks ship
 it, with a real decoding router, put behind a rolegate gateway and attacked.
 
-    python flask_app.py PORT LOGFILE NAME [werkzeug|wsgiref|gunicorn]
+    python flask_app.py PORTFILE LOGFILE NAME [werkzeug|wsgiref|gunicorn]
+
+The server binds a free port (port 0) and writes it to PORTFILE once it
+listens.
 
 Every handler appends one JSON line to LOGFILE before it answers 200: the
 route that ran, its decoded params, the X-Rolegate-Role/-Token headers as
@@ -20,12 +23,14 @@ where a sidecar gateway connects from) and strips it from PATH_INFO.
 """
 
 import json
+import os
+import socket
 import sys
 import threading
 
 from flask import Flask, request
 
-PORT = int(sys.argv[1])
+PORT_FILE = sys.argv[1]
 LOG_PATH = sys.argv[2]
 NAME = sys.argv[3]
 SERVER = sys.argv[4] if len(sys.argv) > 4 else "werkzeug"
@@ -99,6 +104,13 @@ def catch_all(anything):
     return record("fallback", anything=anything)
 
 
+def report_port(port):
+    """Writes the bound port to PORT_FILE, whole or not at all."""
+    with open(PORT_FILE + ".tmp", "w") as f:
+        f.write(str(port))
+    os.rename(PORT_FILE + ".tmp", PORT_FILE)
+
+
 def serve_wsgiref():
     from socketserver import ThreadingMixIn
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -110,21 +122,33 @@ def serve_wsgiref():
         def log_message(self, *args):
             pass
 
-    make_server("127.0.0.1", PORT, app, server_class=Threading, handler_class=Quiet).serve_forever()
+    server = make_server("127.0.0.1", 0, app, server_class=Threading, handler_class=Quiet)
+    report_port(server.server_port)
+    server.serve_forever()
 
 
 def serve_werkzeug():
     from werkzeug.serving import make_server
 
-    make_server("127.0.0.1", PORT, app, threaded=True).serve_forever()
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    report_port(server.server_port)
+    server.serve_forever()
 
 
 def serve_gunicorn():
     from gunicorn.app.base import BaseApplication
 
+    # gunicorn binds no port 0 it could report: it serves a socket bound
+    # here, passed by descriptor (inherited by its worker).
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    report_port(sock.getsockname()[1])
+
     class Server(BaseApplication):
         def load_config(self):
-            self.cfg.set("bind", f"127.0.0.1:{PORT}")
+            self.cfg.set("bind", f"fd://{sock.fileno()}")
             self.cfg.set("workers", 1)
             self.cfg.set("threads", 8)
             self.cfg.set("worker_class", "gthread")

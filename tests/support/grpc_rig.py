@@ -55,10 +55,12 @@ def serve(port, name):
         grpc.method_handlers_generic_handler("rg.Test", handlers),
         grpc.method_handlers_generic_handler("rg.Local", handlers),
     ))
-    if server.add_insecure_port("127.0.0.1:%d" % port) == 0:
+    bound = server.add_insecure_port("127.0.0.1:%d" % port)
+    if bound == 0:
         sys.exit("cannot bind 127.0.0.1:%d" % port)
     server.start()
-    print("ready", flush=True)
+    # The bound port (port 0 asks the kernel for a free one).
+    print(bound, flush=True)
     server.wait_for_termination()
 
 
