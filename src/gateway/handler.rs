@@ -12,13 +12,11 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use http_body::Body as _;
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
-use super::connection::ConnectionFacts;
 use super::refuse::Refuse;
 use super::upstream::Upstream;
 use super::GatewayError;
@@ -31,7 +29,8 @@ use crate::proxy::hold::Holds;
 use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc};
 use crate::proxy::routes::RouteTable;
-use crate::proxy::stack::{ForwardingFields, Gate, Route, Routes};
+use crate::proxy::stack::ConnectionFacts;
+use crate::proxy::stack::{counted, Edge, Gate, Route, Routes};
 use crate::proxy::{Forwarder, KeyExtractor};
 use crate::telemetry::{self, TrackedBody};
 
@@ -85,7 +84,7 @@ impl GatewayState {
             upstream.close_after_body,
             events,
         );
-        let gate = Gate::new(settings.clone(), ForwardingFields::FromTrusted, app);
+        let gate = Gate::new(settings.clone(), Edge::Gateway, app);
         let route = Route::new(Arc::new(Routes::Table(routes)), settings.clone(), gate);
         let stack = Refuse::new(settings, config.peers.require_client_cert, route);
         Ok(Self { stack })
@@ -101,25 +100,23 @@ impl GatewayState {
         let grpc = is_grpc(req.headers());
         let extensions = req.extensions_mut();
         extensions.insert(conn);
-        extensions.insert(ConnectInfo(conn.client));
         if conn.tls {
             extensions.insert(ArrivedOverTls);
         }
-        let resp = match self.stack.clone().oneshot(req).await {
-            Ok(resp) => resp,
-            Err(never) => match never {},
+        let answer = async {
+            match self.stack.clone().oneshot(req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
         };
-        finish(grpc, resp)
+        let (resp, outcome) = counted(answer).await;
+        finish(grpc, resp, outcome.unwrap_or(Outcome::Passthrough))
     }
 }
 
 /// Counts the outcome and tracks the body while it streams (local work was
 /// wrapped by the gate: it counts until its body has streamed).
-fn finish(grpc: bool, mut resp: Response<Body>) -> Response<Body> {
-    let outcome = resp
-        .extensions_mut()
-        .remove::<Outcome>()
-        .unwrap_or(Outcome::Passthrough);
+fn finish(grpc: bool, resp: Response<Body>, outcome: Outcome) -> Response<Body> {
     let label = match outcome {
         Outcome::Local => "local",
         Outcome::Forwarded => "forwarded",

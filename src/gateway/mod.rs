@@ -4,7 +4,6 @@
 //! (`server.rs`) and the health probe (`health.rs`) live beside it.
 
 mod advertise;
-mod connection;
 mod handler;
 mod health;
 mod refuse;

@@ -11,10 +11,10 @@ use futures_util::future::{ready, Either, Ready};
 use http::{Request, Response};
 use tower::Service;
 
-use super::connection::ConnectionFacts;
 use crate::proxy::gate::{GateSettings, Outcome};
 use crate::proxy::headers::carries_hop_marker;
 use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::stack::ConnectionFacts;
 use crate::proxy::stack::{answer, with_outcome};
 
 /// Refuses what cannot be routed safely (400/405), and, with

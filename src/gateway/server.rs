@@ -13,7 +13,6 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::connection::ConnectionFacts;
 use super::handler::GatewayState;
 use super::tls::ListenerTls;
 use crate::body::Holding;
@@ -22,6 +21,7 @@ use crate::listener::{
     next_connection, AcceptBackoff, HEADER_READ_TIMEOUT, MAX_HEADERS, MAX_HEAD_BYTES,
 };
 use crate::proxy::idle::{Progress, ProgressIo};
+use crate::proxy::stack::ConnectionFacts;
 use crate::proxy::Affinity;
 use crate::shutdown::{self, Shutdown, ShutdownTrigger};
 

@@ -16,8 +16,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
-use super::connection::ConnectionFacts;
 use crate::listener::HEADER_READ_TIMEOUT;
+use crate::proxy::stack::ConnectionFacts;
 use crate::shutdown::Shutdown;
 use crate::telemetry;
 use crate::tls::{certified_key, ClientAuth, PeersConfig, TlsConfig, TlsError};

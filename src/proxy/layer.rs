@@ -20,7 +20,7 @@ use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
-use super::stack::{ForwardingFields, Gate as StackGate, Route, Routes};
+use super::stack::{Edge, Gate as StackGate, Route, Routes};
 use super::trust::Cidr;
 use crate::lease::Coordinator;
 
@@ -184,11 +184,11 @@ impl Gate {
             fold_case: self.fold_case,
         };
         let settings = Arc::new(self.settings.clone());
-        let edge = AppEdge {
+        let app = AppEdge {
             inner,
             settings: settings.clone(),
         };
-        let gate = StackGate::new(settings.clone(), ForwardingFields::Kept, edge);
+        let gate = StackGate::new(settings.clone(), Edge::Layer, app);
         HolderService {
             stack: Route::new(Arc::new(routes), settings, gate),
         }
@@ -358,10 +358,15 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    /// Settled at once (a refused path), or as the gate settles it.
+    /// Settled at once (a refused path); passed to the app (not gated);
+    /// or as the gate settles it.
+    #[allow(clippy::type_complexity)]
     type Future = Either<
         Ready<Result<Response<Body>, Infallible>>,
-        BoxFuture<'static, Result<Response<Body>, Infallible>>,
+        Either<
+            BoxFuture<'static, Result<Response<Body>, Infallible>>,
+            BoxFuture<'static, Result<Response<Body>, Infallible>>,
+        >,
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

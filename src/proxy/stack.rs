@@ -76,11 +76,14 @@ impl Routes {
     }
 }
 
-/// Request extension set by [`Route`]: the target gating this request.
-#[derive(Clone)]
-struct Gated(Arc<GateTarget>);
+/// A request as [`Route`] passes it on: with the target that gates it, if
+/// any.
+pub(crate) struct Routed {
+    pub(crate) req: Request<Body>,
+    pub(crate) target: Option<Arc<GateTarget>>,
+}
 
-/// Finds what gates each request and passes it on as a request extension;
+/// Finds what gates each request and passes it on with it ([`Routed`]);
 /// answers 400 for a path it cannot route safely.
 #[derive(Clone)]
 pub(crate) struct Route<S> {
@@ -101,7 +104,7 @@ impl<S> Route<S> {
 
 impl<S> Service<Request<Body>> for Route<S>
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Routed, Response = Response<Body>, Error = Infallible>,
 {
     type Response = Response<Body>;
     type Error = Infallible;
@@ -111,29 +114,26 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<Body>) -> Self::Future {
         match self.routes.find(req.uri().path()) {
-            Ok(target) => {
-                if let Some(target) = target {
-                    req.extensions_mut().insert(Gated(target));
-                }
-                Either::Right(self.inner.call(req))
-            }
+            Ok(target) => Either::Right(self.inner.call(Routed { req, target })),
             Err(p) => Either::Left(futures_util::future::ready(Ok(answer(&self.settings, p)))),
         }
     }
 }
 
-/// How a gated request's forwarding fields (`Forwarded`, `X-Forwarded-*`)
-/// are judged before the app or a peer sees them.
+/// Which form runs the stack: it decides how a gated request's forwarding
+/// fields (`Forwarded`, `X-Forwarded-*`) are judged, and what local work
+/// hands the local service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ForwardingFields {
-    /// Kept only from a trusted proxy or a verified hop (the gateway, which
-    /// faces clients).
-    FromTrusted,
-    /// Kept as the app's server received them (a layer, behind whatever
-    /// the app already trusts).
-    Kept,
+pub(crate) enum Edge {
+    /// The gateway, which faces clients: forwarding fields are kept only
+    /// from a trusted proxy or a verified hop; local work goes with the
+    /// request (`TunnelWork`), for an upgrade's tunnel to take.
+    Gateway,
+    /// A layer, behind whatever the app's server already trusts: forwarding
+    /// fields are kept; the app gets the term's `TermWatch`.
+    Layer,
 }
 
 /// Settles each gated request; an ungated one goes to the local service as
@@ -142,20 +142,20 @@ pub(crate) enum ForwardingFields {
 pub(crate) struct Gate<S> {
     inner: S,
     settings: Arc<GateSettings>,
-    fields: ForwardingFields,
+    edge: Edge,
 }
 
 impl<S> Gate<S> {
-    pub(crate) fn new(settings: Arc<GateSettings>, fields: ForwardingFields, inner: S) -> Self {
+    pub(crate) fn new(settings: Arc<GateSettings>, edge: Edge, inner: S) -> Self {
         Self {
             inner,
             settings,
-            fields,
+            edge,
         }
     }
 }
 
-impl<S> Service<Request<Body>> for Gate<S>
+impl<S> Service<Routed> for Gate<S>
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
         + Clone
@@ -165,35 +165,36 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+    /// Ungated: the local service's own future; gated: the settling.
+    type Future = Either<S::Future, BoxFuture<'static, Result<Response<Body>, Infallible>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+    fn call(&mut self, Routed { mut req, target }: Routed) -> Self::Future {
         let client = connect_info(&req);
         let settings = &self.settings;
-        let Some(Gated(target)) = req.extensions_mut().remove::<Gated>() else {
+        let Some(target) = target else {
             settings.take_hop(&mut req, client);
-            return Box::pin(self.inner.call(req));
+            return Either::Left(self.inner.call(req));
         };
         // Take the service that was driven to readiness; leave a fresh clone.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let settings = settings.clone();
-        let fields = self.fields;
-        Box::pin(async move {
+        let edge = self.edge;
+        Either::Right(Box::pin(async move {
             let forwarded = settings.take_hop(&mut req, client);
             // Decide on the forwarding fields the app or a peer will see.
-            let trusted = match fields {
-                ForwardingFields::FromTrusted => settings.trusts(&req, client),
-                ForwardingFields::Kept => true,
+            let trusted = match edge {
+                Edge::Gateway => settings.trusts(&req, client),
+                Edge::Layer => true,
             };
             sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
             match settings.settle(&target, req, client, forwarded).await {
                 Settled::Local(req, lease, work) => {
-                    Ok(run_local(inner, req, lease, work, &settings).await)
+                    Ok(run_local(inner, req, (lease, work), edge, &settings).await)
                 }
                 Settled::Answered(resp, outcome) => {
                     tracing::debug!(
@@ -204,7 +205,7 @@ where
                     Ok(with_outcome(resp, outcome))
                 }
             }
-        })
+        }))
     }
 }
 
@@ -216,8 +217,8 @@ where
 async fn run_local<S>(
     mut inner: S,
     mut req: Request<Body>,
-    lease: HeldLease,
-    work: LocalWork,
+    (lease, work): (HeldLease, LocalWork),
+    edge: Edge,
     settings: &GateSettings,
 ) -> Response<Body>
 where
@@ -225,25 +226,59 @@ where
 {
     let over = work.over();
     let role = lease.role.clone();
-    // The app's own long work (a WebSocket task, a loop) learns of the
-    // term's end from this.
-    req.extensions_mut().insert(work.watch().clone());
-    let slot = TunnelWork::new(work);
-    req.extensions_mut().insert(slot.clone());
+    let kept = match edge {
+        // An upgrade's tunnel may take the work from the request.
+        Edge::Gateway => {
+            let slot = TunnelWork::new(work);
+            req.extensions_mut().insert(slot.clone());
+            Kept::Slot(slot)
+        }
+        // The app's own long work (a WebSocket task, a loop) learns of the
+        // term's end from this.
+        Edge::Layer => {
+            req.extensions_mut().insert(work.watch().clone());
+            Kept::Here(work)
+        }
+    };
     req.extensions_mut().insert::<HeldLease>(lease);
     let resp = tokio::select! {
         answer = inner.call(req) => match answer {
             Ok(resp) => resp,
             Err(never) => match never {},
         },
-        _ = over => return answer(settings, term_ended(role, slot.reason())),
+        _ = over => return answer(settings, term_ended(role, kept.reason())),
     };
     // The work counts as running until its body has streamed.
-    match slot.take() {
+    match kept.take() {
         Some(work) if !http_body::Body::is_end_stream(resp.body()) => {
             resp.map(|body| Body::new(TermBody::new(body, work)))
         }
         _ => resp,
+    }
+}
+
+/// Local work while the local service runs: here, or in the request for an
+/// upgrade's tunnel to take.
+enum Kept {
+    Here(LocalWork),
+    Slot(TunnelWork),
+}
+
+impl Kept {
+    /// Why the term ended (a metric label).
+    fn reason(&self) -> &'static str {
+        match self {
+            Kept::Here(work) => work.watch().reason().map_or("lost", |r| r.as_str()),
+            Kept::Slot(slot) => slot.reason(),
+        }
+    }
+
+    /// The work, unless a tunnel took it.
+    fn take(self) -> Option<LocalWork> {
+        match self {
+            Kept::Here(work) => Some(work),
+            Kept::Slot(slot) => slot.take(),
+        }
     }
 }
 
@@ -258,22 +293,66 @@ fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
     .role(Some(role))
 }
 
-/// The peer's address: set by the gateway for each connection, and by axum
-/// when the app serves with `ConnectInfo`.
-pub(crate) fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
-    req.extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0)
+/// What the gateway knows of a connection, from the socket and the TLS
+/// session only (never from a header).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionFacts {
+    /// The peer's address.
+    pub(crate) client: SocketAddr,
+    /// The connection is TLS (the forwarding fields say `https`).
+    pub(crate) tls: bool,
+    /// The client presented a certificate that chains to `peers.ca_file`.
+    pub(crate) verified_peer: bool,
 }
 
-/// A response that carries how the request ended (a response extension the
-/// gateway counts by; a layer leaves it).
-pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Response<Body> {
-    resp.extensions_mut().insert(outcome);
+impl ConnectionFacts {
+    /// A connection without TLS: no certificate, so never a verified peer.
+    pub(crate) fn plain(client: SocketAddr) -> Self {
+        Self {
+            client,
+            tls: false,
+            verified_peer: false,
+        }
+    }
+}
+
+/// The peer's address: from the gateway's [`ConnectionFacts`], or from
+/// axum's `ConnectInfo` when the app serves with it.
+pub(crate) fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
+    let extensions = req.extensions();
+    match extensions.get::<ConnectionFacts>() {
+        Some(facts) => Some(facts.client),
+        None => extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0),
+    }
+}
+
+tokio::task_local! {
+    /// How the request being answered ended, for a caller that counts
+    /// (the gateway: [`counted`]); set before the response head returns.
+    static OUTCOME: std::cell::Cell<Option<Outcome>>;
+}
+
+/// Notes how the request ended, for a caller that counts; a layer's caller
+/// does not, and nothing is noted.
+pub(crate) fn with_outcome(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+    let _ = OUTCOME.try_with(|o| o.set(Some(outcome)));
     resp
 }
 
-/// The problem answer for `p`, carrying its outcome.
+/// Runs one request down the stack (`answer`) and returns how it ended, as
+/// the service that answered noted it.
+pub(crate) async fn counted<F>(answer: F) -> (Response<Body>, Option<Outcome>)
+where
+    F: std::future::Future<Output = Response<Body>>,
+{
+    let noted = async move {
+        let resp = answer.await;
+        (resp, OUTCOME.with(|o| o.get()))
+    };
+    OUTCOME.scope(std::cell::Cell::new(None), noted).await
+}
+
+/// The problem answer for `p`, its outcome noted.
 pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
     let (resp, outcome) = settings.reject(p);
     with_outcome(resp, outcome)
@@ -340,7 +419,6 @@ mod tests {
            + 'static {
         tower::service_fn(|req: Request<Body>| async move {
             let held = req.extensions().get::<HeldLease>().is_some();
-            let gated = req.extensions().get::<Gated>().is_some();
             let body = if held {
                 let stream = futures_util::stream::unfold((), |()| async {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -348,7 +426,7 @@ mod tests {
                 });
                 Body::from_stream(stream)
             } else {
-                Body::from(format!("held={held} gated={gated}"))
+                Body::from(format!("held={held}"))
             };
             Ok::<_, Infallible>(Response::new(body))
         })
@@ -364,14 +442,21 @@ mod tests {
             prefixes: Arc::from(vec![b"/jobs".to_vec()]),
             fold_case: true,
         });
-        let route = Route::new(routes, settings, app());
-        let resp = route.clone().oneshot(get("/other")).await.unwrap();
-        let text = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&text[..], b"held=false gated=false");
-        // Gated, but no gate below: the route only marks it.
-        let resp = route.clone().oneshot(get("/JOBS/run")).await.unwrap();
-        let text = resp.into_body().collect().await.unwrap().to_bytes();
-        assert_eq!(&text[..], b"held=false gated=true");
+        // No gate below: what the route passes on is all there is.
+        let seen = tower::service_fn(|r: Routed| async move {
+            let said = format!("{} gated={}", r.req.uri().path(), r.target.is_some());
+            Ok::<_, Infallible>(Response::new(Body::from(said)))
+        });
+        let route = Route::new(routes, settings, seen);
+        for (path, said) in [
+            ("/other", "/other gated=false"),
+            ("/JOBS/run", "/JOBS/run gated=true"),
+            ("/x/../jobs", "/x/../jobs gated=true"),
+        ] {
+            let resp = route.clone().oneshot(get(path)).await.unwrap();
+            let text = resp.into_body().collect().await.unwrap().to_bytes();
+            assert_eq!(&text[..], said.as_bytes());
+        }
         let resp = route.oneshot(get("/jobs/a%00b")).await.unwrap();
         assert_eq!(resp.status(), http::StatusCode::BAD_REQUEST);
         c.shutdown_now().await;
@@ -387,7 +472,7 @@ mod tests {
             prefixes: Arc::from(Vec::new()),
             fold_case: true,
         });
-        let gate = Gate::new(settings.clone(), ForwardingFields::Kept, app());
+        let gate = Gate::new(settings.clone(), Edge::Layer, app());
         let stack = Route::new(routes, settings, gate);
         let resp = stack.oneshot(get("/jobs/run")).await.unwrap();
         assert_eq!(resp.status(), http::StatusCode::OK);
