@@ -323,6 +323,7 @@ async fn start_flask(name: &str, server: &str) -> App {
     let python = flask_python();
     let dir = support::test_dir(&format!("flask-{name}"));
     let port_file = dir.join("port");
+    let _ = std::fs::remove_file(&port_file); // a leftover from a reused pid
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/flask_app.py");
     let child = Command::new(python)
         .arg(script)

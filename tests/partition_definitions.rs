@@ -91,8 +91,17 @@ async fn two_counts_side_by_side(spec: ClusterSpec) {
     let gw0 = GatewayProcess::start_for_upstream(0, &spec, app0.port, &routes(12)).await;
     wait_roles_held(std::slice::from_ref(&gw0), 12).await;
     let gw1 = GatewayProcess::start_for_upstream(1, &spec, app1.port, &routes(16)).await;
-    // Ready, and a few ticks on: long enough to have claimed any free role.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Until it has read the recorded definition and judged it: from then
+    // on it must hold and serve none of the partition's roles.
+    let started = std::time::Instant::now();
+    while gw1.leases().await["partitions"][0]["state"] != "mismatch" {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "gateway 1 never judged its definition: {}",
+            gw1.leases().await
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     for i in 0..KEYS {
         let (status, body) = send_key(&gw0.url(), &key(i)).await;

@@ -338,8 +338,15 @@ async fn a_lost_lease_cancels_the_handler() {
     });
     let mut seen = seen_rx;
     assert_eq!(seen.recv().await, Some("started"));
-    db.exec(&format!("UPDATE {table} SET lock_id = 'someone else'"))
-        .await;
+    // Claimed by someone else, for long: this worker may not take it back.
+    let far = match &db {
+        Db::Pg(_) => "now() + interval '1 hour'",
+        Db::Lite(..) => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) + 3600000",
+    };
+    db.exec(&format!(
+        "UPDATE {table} SET lock_id = 'someone else', locked_until = {far}"
+    ))
+    .await;
     let got = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
     assert_eq!(got, Ok(Some("cancelled")));
     let _ = stop.send(());
@@ -350,6 +357,49 @@ async fn a_lost_lease_cancels_the_handler() {
         "SELECT count(*) FROM {table} WHERE status = 'pending' AND lock_id = 'someone else'"
     );
     assert_eq!(db.int(&row).await, 1, "the new owner's row is untouched");
+}
+
+/// A renewal that hangs (another transaction holds the row's lock) is a
+/// lost lease once the lease runs out: the handler's token is cancelled
+/// then, not when the database answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_that_hangs_past_the_lease_cancels_the_handler() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_hang", 1).await;
+    let (seen_tx, mut seen) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let worker = Worker::new(db.queue(&table)).lease(Duration::from_millis(600));
+    let (stop, task) = spawn(worker, move |job: Job| {
+        let seen = seen_tx.clone();
+        async move {
+            let _ = seen.send("started");
+            let cancel = job.cancel.clone();
+            let told = seen.clone();
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                let _ = told.send("cancelled");
+            });
+            std::future::pending::<()>().await;
+            Ok(())
+        }
+    });
+    assert_eq!(seen.recv().await, Some("started"));
+    // Hold the row's lock: every renewal waits on it.
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT id FROM {table} FOR UPDATE"))
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+    let got = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+    assert_eq!(
+        got,
+        Ok(Some("cancelled")),
+        "cancelled while the renewal hung"
+    );
+    holder.rollback().await.unwrap();
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.lost, 1, "{report:?}");
 }
 
 /// A stop with handlers still running past the grace: they are cancelled
@@ -412,8 +462,27 @@ async fn notifications_wake_an_idle_worker_on_postgres() {
             Ok(())
         }
     });
-    // Idle: its first claim found nothing, and the next poll is 10 min away.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Idle once it listens: its first claim (sent as it started, before
+    // the LISTEN connection) found nothing, and the next poll is 10 min away.
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let listening =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%'";
+    let started = Instant::now();
+    loop {
+        let n: i64 = sqlx::query_scalar(listening)
+            .bind(&channel)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if n > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the worker never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let id = q
         .enqueue()
         .set("payload", "hello")
@@ -424,11 +493,12 @@ async fn notifications_wake_an_idle_worker_on_postgres() {
         .expect("inserted");
     let got = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
     assert_eq!(got, Ok(Some(id)), "woken by enqueue's notification");
-    let Db::Pg(pool) = &db else { unreachable!() };
     sqlx::raw_sql(&q.notify_trigger_ddl(&channel).unwrap())
         .execute(pool)
         .await
         .unwrap();
+    // The claim that follows a finished job finds nothing; nothing signals
+    // that it has, so give it a moment before the next row arrives.
     tokio::time::sleep(Duration::from_millis(200)).await;
     db.exec(&format!("INSERT INTO {table} (payload) VALUES ('plain')"))
         .await;

@@ -30,7 +30,7 @@ use crate::proxy::hop::HopSigner;
 use crate::proxy::problem::{grpc_answer, is_grpc};
 use crate::proxy::routes::RouteTable;
 use crate::proxy::stack::ConnectionFacts;
-use crate::proxy::stack::{counted, Edge, Gate, Route, Routes};
+use crate::proxy::stack::{Edge, Gate, Route, Routes};
 use crate::proxy::{Forwarder, KeyExtractor};
 use crate::telemetry::{self, TrackedBody};
 
@@ -109,7 +109,9 @@ impl GatewayState {
                 Err(never) => match never {},
             }
         };
-        let (resp, outcome) = counted(answer).await;
+        let mut resp = answer.await;
+        // Every service that answers marks how the request ended.
+        let outcome = resp.extensions_mut().remove::<Outcome>();
         finish(grpc, resp, outcome.unwrap_or(Outcome::Passthrough))
     }
 }

@@ -40,11 +40,15 @@ impl<S> Refuse<S> {
     /// connection without a peer certificate is refused before any hop
     /// handling: no signature check, no forwarding, never the app.
     fn unverified_hop(&self, req: &Request<Body>) -> Option<Problem> {
-        let facts = req.extensions().get::<ConnectionFacts>()?;
-        if !self.hops_need_peer_cert || facts.verified_peer || !carries_hop_marker(req.headers()) {
+        if !self.hops_need_peer_cert || !carries_hop_marker(req.headers()) {
             return None;
         }
-        tracing::debug!(client = %facts.client, "hop-marked request without a peer certificate refused");
+        // No facts about the connection: no certificate to go by (closed).
+        let facts = req.extensions().get::<ConnectionFacts>();
+        if facts.is_some_and(|f| f.verified_peer) {
+            return None;
+        }
+        tracing::debug!(client = ?facts.map(|f| f.client), "hop-marked request without a peer certificate refused");
         Some(Problem::new(
             Reason::PeerCertificateRequired,
             "a request marked as a gateway hop must come with a peer gateway's client certificate",

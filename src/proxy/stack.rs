@@ -7,7 +7,9 @@
 //! Below them sits the local service: the gateway's upstream client, or the
 //! app a layer wraps. The holder decision and the lifetime of local work
 //! exist only here: local work counts as running until the response body
-//! has streamed (or an upgrade's tunnel closes), and ends with its term.
+//! has streamed (or, in the gateway, an upgrade's tunnel closes), and ends
+//! with its term. A layer's app that upgrades keeps no count past its 101:
+//! its own upgraded task learns of the term's end from the `TermWatch`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -123,16 +125,14 @@ where
 }
 
 /// Which form runs the stack: it decides how a gated request's forwarding
-/// fields (`Forwarded`, `X-Forwarded-*`) are judged, and what local work
-/// hands the local service.
+/// fields (`Forwarded`, `X-Forwarded-*`) are judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Edge {
     /// The gateway, which faces clients: forwarding fields are kept only
-    /// from a trusted proxy or a verified hop; local work goes with the
-    /// request (`TunnelWork`), for an upgrade's tunnel to take.
+    /// from a trusted proxy or a verified hop.
     Gateway,
     /// A layer, behind whatever the app's server already trusts: forwarding
-    /// fields are kept; the app gets the term's `TermWatch`.
+    /// fields are kept.
     Layer,
 }
 
@@ -194,7 +194,7 @@ where
             sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
             match settings.settle(&target, req, client, forwarded).await {
                 Settled::Local(req, lease, work) => {
-                    Ok(run_local(inner, req, (lease, work), edge, &settings).await)
+                    Ok(run_local(inner, req, (lease, work), &settings).await)
                 }
                 Settled::Answered(resp, outcome) => {
                     tracing::debug!(
@@ -213,12 +213,11 @@ where
 /// answered, the exchange is dropped when the term ends (a gateway's app
 /// sees its connection close; a layer's handler future is dropped) and the
 /// client gets 503 `term-ended`; the response body is cut when the term
-/// ends; an upgrade's tunnel takes the work and ends with it.
+/// ends; the gateway's upgrade tunnel takes the work and ends with it.
 async fn run_local<S>(
     mut inner: S,
     mut req: Request<Body>,
     (lease, work): (HeldLease, LocalWork),
-    edge: Edge,
     settings: &GateSettings,
 ) -> Response<Body>
 where
@@ -226,59 +225,26 @@ where
 {
     let over = work.over();
     let role = lease.role.clone();
-    let kept = match edge {
-        // An upgrade's tunnel may take the work from the request.
-        Edge::Gateway => {
-            let slot = TunnelWork::new(work);
-            req.extensions_mut().insert(slot.clone());
-            Kept::Slot(slot)
-        }
-        // The app's own long work (a WebSocket task, a loop) learns of the
-        // term's end from this.
-        Edge::Layer => {
-            req.extensions_mut().insert(work.watch().clone());
-            Kept::Here(work)
-        }
-    };
+    // The app's own long work (a WebSocket task, a loop) learns of the
+    // term's end from this.
+    req.extensions_mut().insert(work.watch().clone());
+    // The gateway's upgrade tunnel takes the work from here.
+    let slot = TunnelWork::new(work);
+    req.extensions_mut().insert(slot.clone());
     req.extensions_mut().insert::<HeldLease>(lease);
     let resp = tokio::select! {
         answer = inner.call(req) => match answer {
             Ok(resp) => resp,
             Err(never) => match never {},
         },
-        _ = over => return answer(settings, term_ended(role, kept.reason())),
+        _ = over => return answer(settings, term_ended(role, slot.reason())),
     };
     // The work counts as running until its body has streamed.
-    match kept.take() {
+    match slot.take() {
         Some(work) if !http_body::Body::is_end_stream(resp.body()) => {
             resp.map(|body| Body::new(TermBody::new(body, work)))
         }
         _ => resp,
-    }
-}
-
-/// Local work while the local service runs: here, or in the request for an
-/// upgrade's tunnel to take.
-enum Kept {
-    Here(LocalWork),
-    Slot(TunnelWork),
-}
-
-impl Kept {
-    /// Why the term ended (a metric label).
-    fn reason(&self) -> &'static str {
-        match self {
-            Kept::Here(work) => work.watch().reason().map_or("lost", |r| r.as_str()),
-            Kept::Slot(slot) => slot.reason(),
-        }
-    }
-
-    /// The work, unless a tunnel took it.
-    fn take(self) -> Option<LocalWork> {
-        match self {
-            Kept::Here(work) => Some(work),
-            Kept::Slot(slot) => slot.take(),
-        }
     }
 }
 
@@ -326,33 +292,14 @@ pub(crate) fn connect_info(req: &Request<Body>) -> Option<SocketAddr> {
     }
 }
 
-tokio::task_local! {
-    /// How the request being answered ended, for a caller that counts
-    /// (the gateway: [`counted`]); set before the response head returns.
-    static OUTCOME: std::cell::Cell<Option<Outcome>>;
-}
-
-/// Notes how the request ended, for a caller that counts; a layer's caller
-/// does not, and nothing is noted.
-pub(crate) fn with_outcome(resp: Response<Body>, outcome: Outcome) -> Response<Body> {
-    let _ = OUTCOME.try_with(|o| o.set(Some(outcome)));
+/// A response that carries how the request ended (a response extension the
+/// gateway counts by; a layer leaves it).
+pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Response<Body> {
+    resp.extensions_mut().insert(outcome);
     resp
 }
 
-/// Runs one request down the stack (`answer`) and returns how it ended, as
-/// the service that answered noted it.
-pub(crate) async fn counted<F>(answer: F) -> (Response<Body>, Option<Outcome>)
-where
-    F: std::future::Future<Output = Response<Body>>,
-{
-    let noted = async move {
-        let resp = answer.await;
-        (resp, OUTCOME.with(|o| o.get()))
-    };
-    OUTCOME.scope(std::cell::Cell::new(None), noted).await
-}
-
-/// The problem answer for `p`, its outcome noted.
+/// The problem answer for `p`, carrying its outcome.
 pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
     let (resp, outcome) = settings.reject(p);
     with_outcome(resp, outcome)
@@ -486,12 +433,19 @@ mod tests {
             loop {
                 match body.frame().await {
                     Some(Ok(_)) => continue,
-                    Some(Err(_)) | None => return,
+                    // Cut, not ended cleanly: the client must not take a
+                    // cut stream for a whole one.
+                    Some(Err(_)) => return true,
+                    None => return false,
                 }
             }
         })
         .await;
-        assert!(ended.is_ok(), "the body outlived its term");
+        assert_eq!(
+            ended,
+            Ok(true),
+            "the body outlived its term, or ended as if whole"
+        );
         stop.await.unwrap();
     }
 }

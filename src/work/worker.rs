@@ -295,9 +295,10 @@ impl Worker {
         }
     }
 
-    /// Rows run at once.
+    /// Rows run at once (1 to 10000).
     pub fn concurrency(mut self, n: usize) -> Self {
-        self.concurrency = n.max(1);
+        // One claim takes at most 10000 rows.
+        self.concurrency = n.clamp(1, 10_000);
         self
     }
 
@@ -621,7 +622,16 @@ impl Worker {
         loop {
             tokio::time::sleep(every).await;
             let sent = Instant::now();
-            match self.queue.renew(id, &lock, self.lease).await {
+            // A renewal still unanswered when the lease runs out (the
+            // database or the pool hangs) is a lost lease: another worker
+            // may claim the row from then on.
+            let left = until.saturating_duration_since(sent);
+            let renewed = tokio::time::timeout(left, self.queue.renew(id, &lock, self.lease)).await;
+            let Ok(renewed) = renewed else {
+                metrics::counter!(RENEW_FAILURES, "queue" => label.clone()).increment(1);
+                break;
+            };
+            match renewed {
                 Ok(true) => until = sent + self.lease,
                 Ok(false) => {
                     lost.cancel();

@@ -454,9 +454,9 @@ pub async fn partition_definition_change_settles_by_the_store_clock_and_wakes_su
 ) {
     store.define_partition("devices", "count=12").await.unwrap();
     let mut feed = store.subscribe().await.expect("subscribe");
-    // Only notices from here on count.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    while feed.try_recv().is_ok() {}
+    // Only notices from here on count: drain until the feed has been quiet
+    // for a while (a store may still deliver the first record's notice).
+    while let Ok(Some(())) = tokio::time::timeout(Duration::from_millis(300), feed.recv()).await {}
     let settle = Duration::from_millis(scale.ms(1_000));
     let changed = store
         .redefine_partition("devices", 1, "count=16", settle)
