@@ -18,7 +18,6 @@ Ctrl-C / SIGTERM). Everything listens on 127.0.0.1 only.
 """
 
 import argparse
-import datetime
 import http.client
 import json
 import os
@@ -1550,6 +1549,35 @@ def raise_nofile():
     return soft
 
 
+def write_page(report, res, args):
+    """Writes the results into the page at args.out. A run of only marked
+    sections (report.MARKED) rewrites just those, between their markers;
+    any other run rewrites the page, keeping the marked sections it did not
+    measure. A failed section keeps its text; the failure is in the log."""
+    import sections
+    ran = set(res["sections"])
+    if ran and ran <= set(report.MARKED):
+        for name in report.MARKED:
+            body = report.render_section(res, name, args)
+            if body is not None:
+                sections.replace_section(args.out, name, body)
+                log("wrote section %s of %s" % (name, args.out))
+        log("--only %s: the rest of %s left as it is" % (args.only or ",".join(sorted(ran)), args.out))
+        return
+    # The marked sections this run did not measure come from the page as
+    # it is (from docs/benchmarks.md when --out names a new file).
+    previous = ""
+    for path in (args.out, sections.PAGE):
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                previous = f.read()
+            break
+    text = report.render(res, args, previous)
+    with open(args.out, "w", encoding="utf-8") as f:
+        f.write(text)
+    log("wrote %s (sections took %.0f s)" % (args.out, res.get("total_s", 0)))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -1577,9 +1605,7 @@ def main():
     if args.render_only:
         with open(args.render_only) as f:
             res = json.load(f)
-        with open(args.out, "w") as f:
-            f.write(report.render(res, args))
-        log("wrote %s" % args.out)
+        write_page(report, res, args)
         return 0
     nofile = raise_nofile()
     b = Bench(args)
@@ -1603,46 +1629,7 @@ def main():
     with open(raw, "w") as f:
         json.dump(b.results, f, indent=1, default=str)
     log("raw results in %s (re-render with --render-only %s)" % (raw, raw))
-    # The work-row section lives in a file of its own that the page includes,
-    # so `--only work` refreshes it without rewriting the other sections.
-    # A failed section keeps its page as it was; the failure is in the log.
-    if "work" in b.results["sections"] and "error" not in b.results["sections"]["work"]:
-        with open(report.WORK_FILE, "w") as f:
-            f.write(report.render_work(b.results["sections"]["work"], args))
-        log("wrote %s" % report.WORK_FILE)
-    if "handover" in b.results["sections"] and "error" not in b.results["sections"]["handover"]:
-        with open(report.HANDOVER_FILE, "w") as f:
-            f.write(report.render_handover(b.results["sections"]["handover"], args))
-        log("wrote %s" % report.HANDOVER_FILE)
-    if "balance" in b.results["sections"] and "error" not in b.results["sections"]["balance"]:
-        with open(report.BALANCE_FILE, "w") as f:
-            f.write(report.render_balance(b.results["sections"]["balance"], args))
-        log("wrote %s" % report.BALANCE_FILE)
-    if "peer_hop" in b.results["sections"] and "error" not in b.results["sections"]["peer_hop"]:
-        with open(report.PEER_HOP_FILE, "w") as f:
-            f.write(report.render_peer_hop(b.results["sections"]["peer_hop"], args))
-        log("wrote %s" % report.PEER_HOP_FILE)
-    if "body_close" in b.results["sections"] and "error" not in b.results["sections"]["body_close"]:
-        with open(report.BODY_CLOSE_FILE, "w") as f:
-            f.write(report.render_body_close(b.results["sections"]["body_close"], args))
-        log("wrote %s" % report.BODY_CLOSE_FILE)
-    if "profile" in b.results["sections"] and "error" not in b.results["sections"]["profile"]:
-        import perf_profile as prof_mod
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        with open(prof_mod.PROFILE_FILE, "w") as f:
-            f.write(prof_mod.render(b.results["sections"]["profile"], now, args.command))
-        log("wrote %s and %s" % (prof_mod.PROFILE_FILE, prof_mod.SVG_FILE))
-    if "multicore" in b.results["sections"] and "error" not in b.results["sections"]["multicore"]:
-        with open(report.MULTICORE_FILE, "w") as f:
-            f.write(report.render_multicore(b.results["sections"]["multicore"], args))
-        log("wrote %s" % report.MULTICORE_FILE)
-    if set((args.only or "").split(",")) <= {"work", "handover", "balance", "peer_hop", "body_close", "profile", "multicore"}:
-        log("--only %s: %s left as it is" % (args.only, args.out))
-    else:
-        text = report.render(b.results, args)
-        with open(args.out, "w") as f:
-            f.write(text)
-        log("wrote %s (sections took %.0f s)" % (args.out, b.results["total_s"]))
+    write_page(report, b.results, args)
     failed = [k for k, v in b.results["sections"].items() if "error" in v or v.get("failed_stores")]
     return 1 if failed else 0
 

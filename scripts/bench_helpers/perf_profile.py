@@ -1,17 +1,17 @@
 """The profile section of bench.py: where the holder gateway's CPU goes
 (perf cpu-clock samples with DWARF call graphs, folded and drawn as a flame
 graph by inferno), and system calls per request of every 1-hop contender
-(strace -c over a fixed load). Writes docs/benchmarks-profile.md and
-docs/benchmarks-profile-holder.svg."""
+(strace -c over a fixed load). Draws docs/benchmarks-profile-holder.svg;
+`render` gives the text of the `profile` section of docs/benchmarks.md, which
+bench.py puts between that section's markers (sections.py)."""
 
 import collections
 import os
 import re
 import subprocess
 
-PROFILE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
-                            "benchmarks-profile.md")
-SVG_FILE = os.path.join(os.path.dirname(PROFILE_FILE), "benchmarks-profile-holder.svg")
+SVG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                        "benchmarks-profile-holder.svg")
 
 
 def collapse(perf_data):
@@ -97,6 +97,7 @@ def syscalls(pids, run_load):
 
 
 def render(prof, now, command):
+    """The `profile` section of docs/benchmarks.md (section 10)."""
     L = []
     w = L.append
     w("## 10. Profile of the holder path")

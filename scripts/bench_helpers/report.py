@@ -1,4 +1,5 @@
-"""Renders the results of bench.py as docs/benchmarks.md."""
+"""Renders the results of bench.py as docs/benchmarks.md: the whole page, or
+one of the sections `--only` refreshes alone (see sections.py)."""
 
 import datetime
 import os
@@ -7,6 +8,7 @@ import re
 import statistics
 import subprocess
 
+import sections
 from bench import ROOT, fmt_ms, fmt_num, fmt_ratio, fmt_us, med, ratio, spread
 
 
@@ -73,16 +75,8 @@ def yes(ok):
     return "**met**" if ok else "**missed**"
 
 
-WORK_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "benchmarks-work.md")
-
-
-BALANCE_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "benchmarks-balance.md")
-
-HANDOVER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "benchmarks-handover.md")
-
-
 def render_handover(ho, args):
-    """Handover, failover and balance moves under load (docs/benchmarks-handover.md, included by the page)."""
+    """Handover, failover and balance moves under load (section `handover`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = []
     w = L.append
@@ -159,7 +153,7 @@ def render_handover(ho, args):
 
 
 def render_peer_hop(hop, args):
-    """HTTP/1.1 against HTTP/2 hops between gateways (docs/benchmarks-h2.md)."""
+    """HTTP/1.1 against HTTP/2 hops between gateways (section `peer_hop`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = []
     w = L.append
@@ -196,12 +190,8 @@ def render_peer_hop(hop, args):
     return "\n".join(L)
 
 
-MULTICORE_FILE = os.path.join(ROOT, "docs", "benchmarks-multicore.md")
-BODY_CLOSE_FILE = os.path.join(ROOT, "docs", "benchmarks-body-close.md")
-
-
 def render_body_close(bc, args):
-    """A 1 KiB POST with and without `upstream.close_after_body`."""
+    """A 1 KiB POST with and without `upstream.close_after_body` (section `body_close`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = []
     w = L.append
@@ -237,7 +227,7 @@ def render_body_close(bc, args):
 
 
 def render_multicore(mc, args):
-    """Two request threads against two nginx workers (docs/benchmarks-multicore.md)."""
+    """Two request threads against two nginx workers (section `multicore`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = []
     w = L.append
@@ -264,7 +254,7 @@ def render_multicore(mc, args):
 
 
 def render_balance(bal, args):
-    """The partition-balance section (docs/benchmarks-balance.md, included by the page)."""
+    """The partition-balance section (section `balance`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     runs = bal["runs"]
     gaps = sorted(g for r in runs for g in r["gaps_ms"])
@@ -300,11 +290,8 @@ def render_balance(bal, args):
     return "\n".join(L)
 
 
-PEER_HOP_FILE = os.path.join(ROOT, "docs", "benchmarks-h2.md")
-
-
 def render_work(work, args):
-    """The work-row section (docs/benchmarks-work.md, included by the page)."""
+    """The work-row section (section `work`)."""
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     L = []
     w = L.append
@@ -348,9 +335,39 @@ def render_work(work, args):
     return "\n".join(L) + "\n"
 
 
-def render(res, args):
+# The sections a run can rewrite alone (`--only` with only these names), in
+# page order; each sits between its markers in the page (sections.py).
+MARKED = ("handover", "work", "balance", "peer_hop", "body_close", "profile", "multicore")
+
+
+def render_section(res, name, args):
+    """Section NAME rendered from this run's results, or None when the run
+    did not measure it or it failed (its text on the page then stays)."""
+    r = res["sections"].get(name)
+    if not r or "error" in r:
+        return None
+    if name == "profile":
+        import perf_profile
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+        return perf_profile.render(r, now, args.command)
+    return {"handover": render_handover, "work": render_work, "balance": render_balance,
+            "peer_hop": render_peer_hop, "body_close": render_body_close,
+            "multicore": render_multicore}[name](r, args)
+
+
+def render(res, args, previous=""):
+    """The whole page. A marked section this run did not measure keeps its
+    text from `previous` (the page as it was); "What is left" always does."""
     L = []
     w = L.append
+
+    def marked(name):
+        body = render_section(res, name, args) if name != sections.LEFT else None
+        if body is None:
+            body = sections.section(previous, name)
+        if body is not None:
+            w(sections.block(name, body))
+
     quick = res["quick"]
     cmd = args.command
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -360,8 +377,16 @@ def render(res, args):
     if quick:
         w("> **This is a `--quick` run**: fewer rounds, 1 s measurements, 10 transitions instead of")
         w("> 100. The numbers show the shape, not the last few percent; `scripts/bench` (no flag)")
-        w("> is the full run. Regenerate this page with either command; it is rewritten whole.")
+        w("> is the full run.")
         w("")
+    w("What rolegate costs and how fast it moves, measured on one machine against nginx and HAProxy:")
+    w("the request path on the holder and the forwarded path (1), open SSE streams (2), handover,")
+    w("failover and balance moves under load (3), store calls per tick on PostgreSQL, Redis and etcd")
+    w("(4), the binary's footprint (5), leased work rows (6), partition balance (7), HTTP/2 hops")
+    w("between gateways (8), `upstream.close_after_body` (9), a CPU profile of the holder path (10)")
+    w("and two cores (11). The page ends with [What is left](#what-is-left): the open gaps and the")
+    w("before/after figures behind the code.")
+    w("")
     w("Generated by `%s` on %s. The measurements took %s; the whole command (tools, build, "
       "measurements) took %s." % (cmd, now, dur(secs), dur(time_since(args.started)) if args.started else "–"))
     w("")
@@ -381,6 +406,27 @@ def render(res, args):
     w("|---|---|")
     for k, v in machine():
         w("| %s | %s |" % (k, v))
+    w("")
+    w("## Reproduce")
+    w("")
+    w("```sh")
+    w("scripts/bench                       # full run, < 20 min on 2 cores; rewrites this page")
+    w("scripts/bench --quick               # < 3 min, fewer rounds and transitions")
+    w("scripts/bench --only work,balance   # rewrites only sections 6 and 7")
+    w("```")
+    w("")
+    w("The script installs what is missing (wrk, nginx, HAProxy, PostgreSQL, Redis, etcd, protoc from")
+    w("apt), builds rolegate with `cargo build --release --features redis,etcd` (set `CARGO_TARGET_DIR`")
+    w("to build elsewhere) and the std-only `openloop` generator, raises the open-file limit, and stops")
+    w("every process it started on exit. It is not part of `scripts/test`.")
+    w("")
+    w("`--only` takes a comma list of sections: `request_path` (1), `sse` (2), `handover` (3), `store`")
+    w("(4), `footprint` (5), `work` (6), `balance` (7), `peer_hop` (8), `body_close` (9), `profile` (10),")
+    w("`multicore` (11). A list of only sections 3 and 6–11 rewrites just those: each sits between")
+    w("`<!-- bench:NAME -->` and `<!-- /bench:NAME -->` in this file and carries the date of its own run,")
+    w("and nothing else on the page changes. Any other list rewrites the rest of the page from that run")
+    w("alone (a section it did not measure comes out empty) and keeps the marked sections; `--out FILE`")
+    w("writes the page elsewhere. \"What is left\" is written by hand and kept by every run.")
     w("")
     w("## Method")
     w("")
@@ -579,11 +625,8 @@ def render(res, args):
                         worst <= 16.0 and sse["failed"] == 0 if sse["opened"] >= 1000 else None))
 
     # ---------------------------------------------------------------- handover
-    # Its own page (`--only handover` refreshes it), included here.
-    if os.path.exists(HANDOVER_FILE):
-        with open(HANDOVER_FILE) as f:
-            w(f.read().rstrip())
-        w("")
+    # A marked section (`--only handover` refreshes it alone).
+    marked("handover")
     ho = res["sections"].get("handover")
     if ho and "error" not in ho:
         g, c = ho["graceful"], ho["crash"]
@@ -722,42 +765,17 @@ def render(res, args):
                  + (("; build %s" % dur(args.build_seconds)) if args.build_seconds is not None else "") + ".")
         T.append("")
     # What the measurements say about each miss is in "What is left" at the
-    # end of the page (docs/benchmarks-left.md).
-    left = os.path.join(ROOT, "docs", "benchmarks-left.md")
-    if os.path.exists(left):
+    # end of the page.
+    if sections.section(previous, sections.LEFT) is not None:
         T += ["Where a target is missed, [What is left](#what-is-left) at the end of the page says what the measurements show.", ""]
     at = L.index("## 1. Request path")
     L[at:at] = T
-    w("## Reproduce")
-    w("")
-    w("```sh")
-    w("scripts/bench            # full run, < 20 min on 2 cores; rewrites this file")
-    w("scripts/bench --quick    # < 3 min, fewer rounds and transitions")
-    w("```")
-    w("")
-    w("The script installs what is missing (wrk, nginx, HAProxy, PostgreSQL, Redis, etcd, protoc from")
-    w("apt), builds rolegate with `cargo build --release --features redis,etcd` (set `CARGO_TARGET_DIR`")
-    w("to build elsewhere) and the std-only")
-    w("`openloop` generator, raises the open-file limit, and stops every process it started on exit.")
-    w("It is not part of `scripts/test`.")
-    w("")
-    if os.path.exists(WORK_FILE):
-        with open(WORK_FILE) as f:
-            w(f.read().rstrip())
-        w("")
-    profile_file = os.path.join(ROOT, "docs", "benchmarks-profile.md")
-    for included in (BALANCE_FILE, PEER_HOP_FILE, BODY_CLOSE_FILE, profile_file, MULTICORE_FILE):
-        if os.path.exists(included):
-            with open(included) as f:
-                w(f.read().rstrip())
-            w("")
-    # What is left (open gaps, what a measurement could not show, the
-    # before/after figures that still matter) is measured by hand and kept in
-    # a file of its own, so regenerating this page does not lose it.
-    if os.path.exists(left):
-        with open(left) as f:
-            w(f.read().rstrip())
-        w("")
+    for name in MARKED:
+        if name != "handover":  # in its place above
+            marked(name)
+    # What is left (open gaps, the before/after figures that still explain
+    # the code) is written by hand between its markers; every run keeps it.
+    marked(sections.LEFT)
     return "\n".join(L)
 
 

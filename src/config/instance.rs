@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::raw::{RawHealth, RawInstance, RawShutdown, RawUpstream};
+use super::file;
 use super::resolve::{check_http_url, Resolver};
 use super::{
     ConfigError, HealthConfig, HopProtocol, InstanceConfig, ShutdownConfig, UpstreamConfig,
@@ -22,7 +22,7 @@ pub(super) mod defaults {
 }
 
 impl Resolver<'_> {
-    pub(super) fn instance(&self, raw: &RawInstance) -> Result<InstanceConfig, ConfigError> {
+    pub(super) fn instance(&self, raw: &file::Instance) -> Result<InstanceConfig, ConfigError> {
         let name = self.opt_text(&raw.name, "instance.name")?;
         if let (Some(name), Some(t)) = (&name, &raw.name) {
             if name.is_empty()
@@ -51,7 +51,7 @@ impl Resolver<'_> {
         Ok(InstanceConfig { name, advertise })
     }
 
-    pub(super) fn upstream(&self, u: &RawUpstream) -> Result<UpstreamConfig, ConfigError> {
+    pub(super) fn upstream(&self, u: &file::Upstream) -> Result<UpstreamConfig, ConfigError> {
         let url = self.text(&u.url, "upstream.url")?;
         check_http_url(&url)
             .map_err(|e| self.err(Some(&u.url.referenced), "upstream.url", e.to_string()))?;
@@ -93,7 +93,7 @@ impl Resolver<'_> {
         })
     }
 
-    fn health(&self, h: &RawHealth) -> Result<HealthConfig, ConfigError> {
+    fn health(&self, h: &file::Health) -> Result<HealthConfig, ConfigError> {
         let path = self
             .opt_text(&h.path, "upstream.health.path")?
             .unwrap_or_else(|| defaults::HEALTH_PATH.into());
@@ -134,7 +134,7 @@ impl Resolver<'_> {
         })
     }
 
-    pub(super) fn shutdown(&self, raw: &RawShutdown) -> Result<ShutdownConfig, ConfigError> {
+    pub(super) fn shutdown(&self, raw: &file::Shutdown) -> Result<ShutdownConfig, ConfigError> {
         let drain_timeout: Duration = self.duration(
             &raw.drain_timeout,
             "shutdown.drain_timeout",

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+mod file;
 mod instance;
 mod print;
 mod proxy;
-mod raw;
 mod resolve;
 mod roles;
 mod routes;
@@ -35,7 +35,6 @@ use crate::lease::{CoordinatorBuilder, PartitionSpec, RoleSpec};
 use crate::proxy::Cidr;
 use crate::role::RoleName;
 use crate::store::LeaseStore;
-use raw::{yaml_error, RawConfig};
 use resolve::Resolver;
 
 /// A refused configuration: file, line (when known), key and what is wrong.
@@ -267,12 +266,8 @@ impl Config {
         .store(raw.store.as_ref())
     }
 
-    fn parse_raw(text: &str, file: &str) -> Result<RawConfig, ConfigError> {
-        let options = serde_saphyr::Options {
-            with_snippet: false,
-            ..serde_saphyr::Options::default()
-        };
-        serde_saphyr::from_str_with_options(text, options).map_err(|e| yaml_error(text, file, &e))
+    fn parse_raw(text: &str, file: &str) -> Result<file::File, ConfigError> {
+        file::parse(text, file)
     }
 
     /// Parses YAML text; `file` names it in errors; `env` answers `${VAR}`.

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::raw::{RawHttp2, RawProxy, Text};
+use super::file::{self, Text};
 use super::resolve::Resolver;
 use super::{ConfigError, Http2Config, ProxyConfig};
 use crate::proxy::defaults as d;
@@ -14,7 +14,7 @@ use crate::proxy::Cidr;
 const MAX_HOLD: Duration = Duration::from_secs(3600);
 
 impl Resolver<'_> {
-    pub(super) fn proxy(&self, raw: &RawProxy) -> Result<ProxyConfig, ConfigError> {
+    pub(super) fn proxy(&self, raw: &file::Proxy) -> Result<ProxyConfig, ConfigError> {
         let connect_timeout = self.positive(
             &raw.connect_timeout,
             "proxy.connect_timeout",
@@ -104,7 +104,7 @@ impl Resolver<'_> {
         Ok(v)
     }
 
-    fn http2(&self, raw: &RawHttp2) -> Result<Http2Config, ConfigError> {
+    fn http2(&self, raw: &file::Http2) -> Result<Http2Config, ConfigError> {
         let max_concurrent_streams = match &raw.max_concurrent_streams {
             None => d::HTTP2_MAX_CONCURRENT_STREAMS,
             Some(m) if m.value == 0 || m.value > 10_000 => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_saphyr::Location;
 
-use super::raw::{RawConfig, Text};
+use super::file::{self, Text};
 use super::{Config, ConfigError, LeaseTimings, StoreKind};
 
 /// Every role name seen so far, declared or generated, with where it came from.
@@ -125,7 +125,7 @@ impl Resolver<'_> {
     }
 
     /// Every section, in the order later sections depend on earlier ones.
-    pub(super) fn resolve(&self, raw: RawConfig) -> Result<Config, ConfigError> {
+    pub(super) fn resolve(&self, raw: file::File) -> Result<Config, ConfigError> {
         let instance = self.instance(&raw.instance)?;
         let listen = self.socket(&raw.listen, "listen", "0.0.0.0:8080")?;
         let admin_listen = self.socket(&raw.admin_listen, "admin_listen", "127.0.0.1:9090")?;

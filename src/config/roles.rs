@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use super::raw::{RawPartition, RawRole, Text};
+use super::file::{self, Text};
 use super::resolve::{line_of, Resolver, RoleNames};
 use super::{ConfigError, LeaseTimings, PartitionConfig, RoleConfig};
 use crate::role::{partition_role_name, RoleName, MAX_PARTITION_COUNT};
@@ -16,7 +16,7 @@ impl Resolver<'_> {
 
     pub(super) fn roles(
         &self,
-        raw: &[RawRole],
+        raw: &[file::Role],
         lease: LeaseTimings,
         names: &mut RoleNames,
     ) -> Result<Vec<RoleConfig>, ConfigError> {
@@ -53,7 +53,7 @@ impl Resolver<'_> {
 
     pub(super) fn partitions(
         &self,
-        raw: &[RawPartition],
+        raw: &[file::Partition],
         lease: LeaseTimings,
         names: &mut RoleNames,
     ) -> Result<Vec<PartitionConfig>, ConfigError> {
@@ -108,7 +108,7 @@ impl Resolver<'_> {
         Ok(partitions)
     }
 
-    fn partition_count(&self, p: &RawPartition, i: usize) -> Result<u32, ConfigError> {
+    fn partition_count(&self, p: &file::Partition, i: usize) -> Result<u32, ConfigError> {
         let count = p.count.value;
         if count == 0 || count > u64::from(MAX_PARTITION_COUNT) {
             return Err(self.err(
@@ -123,7 +123,7 @@ impl Resolver<'_> {
     /// Generated names are checked (length, collisions) before anything starts.
     fn generated_roles(
         &self,
-        p: &RawPartition,
+        p: &file::Partition,
         name: &RoleName,
         count: u32,
         key: &str,

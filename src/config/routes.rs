@@ -4,14 +4,14 @@ use std::collections::HashMap;
 
 use serde_saphyr::Location;
 
-use super::raw::{RawKey, RawRoute, SegmentIndex};
+use super::file;
 use super::resolve::Resolver;
 use super::{ConfigError, KeySource, PartitionConfig, RoleConfig, RouteConfig, RouteTarget};
 
 impl Resolver<'_> {
     pub(super) fn routes(
         &self,
-        raw: &[RawRoute],
+        raw: &[file::Route],
         roles: &[RoleConfig],
         partitions: &[PartitionConfig],
         fold_case: bool,
@@ -39,7 +39,7 @@ impl Resolver<'_> {
     /// canonicalizes them, once); two that canonicalize alike are refused.
     fn route_prefixes(
         &self,
-        r: &RawRoute,
+        r: &file::Route,
         i: usize,
         at: &str,
         fold_case: bool,
@@ -65,7 +65,7 @@ impl Resolver<'_> {
 
     fn route_target(
         &self,
-        r: &RawRoute,
+        r: &file::Route,
         at: &str,
         roles: &[RoleConfig],
         partitions: &[PartitionConfig],
@@ -130,7 +130,7 @@ impl Resolver<'_> {
         }
     }
 
-    fn key(&self, k: &RawKey, loc: &Location, at: &str) -> Result<KeySource, ConfigError> {
+    fn key(&self, k: &file::Key, loc: &Location, at: &str) -> Result<KeySource, ConfigError> {
         let set =
             k.header.is_some() as u8 + k.query.is_some() as u8 + k.path_segment.is_some() as u8;
         if set != 1 {
@@ -178,10 +178,10 @@ impl Resolver<'_> {
             ));
         };
         match &seg.value {
-            SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => {
+            file::SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => {
                 Ok(KeySource::PathSegment(*n as usize))
             }
-            SegmentIndex::Word(w) if w == "last" => Ok(KeySource::PathSegmentLast),
+            file::SegmentIndex::Word(w) if w == "last" => Ok(KeySource::PathSegmentLast),
             _ => Err(self.err(
                 Some(&seg.referenced),
                 &format!("{at}.path_segment"),

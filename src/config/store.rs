@@ -4,13 +4,13 @@ use std::path::PathBuf;
 
 use serde_saphyr::Spanned;
 
-use super::raw::{RawStore, RawStoreTls, Text};
+use super::file::{self, Text};
 use super::resolve::Resolver;
 use super::{ConfigError, StoreConfig, StoreKind, DEFAULT_TABLE};
 use crate::store::{check_table_name, check_tls_rules, ClientCertFiles, StoreTls};
 
 impl Resolver<'_> {
-    pub(super) fn store(&self, raw: Option<&RawStore>) -> Result<StoreConfig, ConfigError> {
+    pub(super) fn store(&self, raw: Option<&file::Store>) -> Result<StoreConfig, ConfigError> {
         let Some(raw) = raw else {
             return Ok(StoreConfig {
                 kind: StoreKind::Sqlite,
@@ -94,7 +94,7 @@ impl Resolver<'_> {
     /// `store.tls`: a CA file and an optional client certificate with its key.
     fn store_tls(
         &self,
-        raw: Option<&Spanned<RawStoreTls>>,
+        raw: Option<&Spanned<file::StoreTls>>,
     ) -> Result<Option<StoreTls>, ConfigError> {
         let Some(raw) = raw else {
             return Ok(None);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use serde_saphyr::Spanned;
 
-use super::raw::{RawInstance, RawPeers, RawTls, Text};
+use super::file::{self, Text};
 use super::resolve::Resolver;
 use super::ConfigError;
 use crate::protocol::HopProtocol;
@@ -24,7 +24,7 @@ impl Resolver<'_> {
 
     pub(super) fn tls(
         &self,
-        raw: Option<&Spanned<RawTls>>,
+        raw: Option<&Spanned<file::Tls>>,
     ) -> Result<Option<TlsConfig>, ConfigError> {
         let Some(raw) = raw else { return Ok(None) };
         let at = Some(&raw.referenced);
@@ -41,7 +41,7 @@ impl Resolver<'_> {
 
     pub(super) fn peers(
         &self,
-        raw: &RawPeers,
+        raw: &file::Peers,
         tls: Option<&TlsConfig>,
     ) -> Result<PeersConfig, ConfigError> {
         let peers = PeersConfig {
@@ -101,7 +101,7 @@ impl Resolver<'_> {
     /// An `https://` advertise address needs the listener to serve TLS.
     pub(super) fn advertise_scheme(
         &self,
-        raw: &RawInstance,
+        raw: &file::Instance,
         advertise: Option<&str>,
         tls: Option<&TlsConfig>,
     ) -> Result<(), ConfigError> {
