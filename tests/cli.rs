@@ -297,11 +297,12 @@ async fn migrate_and_status_work_against_postgres() {
 
 #[test]
 fn an_unreachable_store_is_a_runtime_error() {
+    let closed = support::closed_port();
     let p = temp_config(
         "down",
         &format!(
             "store:\n  kind: postgres\n  url: postgres://postgres@127.0.0.1:{}/postgres\nroles:\n  - name: a\n",
-            support::free_port()
+            closed.port
         ),
     );
     let o = rolegate(&["status", "--config", s(&p)]);
@@ -545,10 +546,11 @@ async fn probe_exits_0_for_2xx_and_1_otherwise() {
         .output()
         .unwrap();
     assert_eq!(code(&sick), 1);
+    let closed = support::closed_port();
     let down = Command::new(cluster::bin())
         .args([
             "probe",
-            &format!("http://127.0.0.1:{}/healthz", support::free_port()),
+            &format!("http://127.0.0.1:{}/healthz", closed.port),
         ])
         .output()
         .unwrap();
@@ -586,7 +588,10 @@ fn a_store_url_of_another_kind_is_refused_by_check_config_and_run() {
 
 #[test]
 fn listen_and_admin_listen_on_one_port_are_refused_by_check_config_and_run() {
-    let port = support::free_port();
+    // Held for the test: if `run` ever bound before refusing, it would fail
+    // on this port rather than take it.
+    let closed = support::closed_port();
+    let port = closed.port;
     for (listen, admin) in [
         (format!("127.0.0.1:{port}"), format!("127.0.0.1:{port}")),
         (format!("0.0.0.0:{port}"), format!("127.0.0.1:{port}")),

@@ -513,15 +513,15 @@ async fn forwarding_headers_from_untrusted_clients_are_replaced_and_from_trusted
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn problem_bodies_name_no_internal_address_or_library_error() {
     // An upstream that is not listening: 502 on a plain path.
-    let closed = support::free_port();
+    let closed = support::closed_port();
     let spec = ClusterSpec::postgres("lim_leak");
-    let gw = GatewayProcess::start_on(0, &spec, closed, 0, 0).await;
+    let gw = GatewayProcess::start_on(0, &spec, closed.port, 0, 0).await;
     let (status, _, body) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
     assert_eq!(status, StatusCode::BAD_GATEWAY);
     let text = String::from_utf8_lossy(&body);
     for leak in [
         "127.0.0.1",
-        &closed.to_string(),
+        &closed.port.to_string(),
         "refused",
         "tcp connect",
         "hyper",
@@ -529,7 +529,7 @@ async fn problem_bodies_name_no_internal_address_or_library_error() {
         assert!(!text.contains(leak), "problem body leaks `{leak}`: {text}");
     }
     assert!(
-        gw.log().contains(&closed.to_string()),
+        gw.log().contains(&closed.port.to_string()),
         "the log keeps the detail"
     );
     assert!(!gw.log().contains('\u{1b}'), "colour codes in a log file");

@@ -95,8 +95,8 @@ async fn readyz_is_503_before_the_first_snapshot_and_while_postgres_is_down() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_first_snapshot_a_role_request_says_the_store_was_not_read_and_why() {
     let app = TestApp::start(0).await;
-    let port = support::free_port();
-    let down = format!("postgres://postgres@127.0.0.1:{port}/postgres");
+    let closed = support::closed_port();
+    let down = format!("postgres://postgres@127.0.0.1:{}/postgres", closed.port);
     let spec = ClusterSpec {
         wait_ready: false,
         ..ClusterSpec::postgres_at(&down, "op_unread")
@@ -124,7 +124,10 @@ async fn before_the_first_snapshot_a_role_request_says_the_store_was_not_read_an
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(last.contains(&format!("127.0.0.1:{port}")), "{last}");
+    assert!(
+        last.contains(&format!("127.0.0.1:{}", closed.port)),
+        "{last}"
+    );
     // The first failure was logged as it happened, before the heartbeat's.
     let log = gw.log();
     assert!(

@@ -2,22 +2,18 @@
 //! gateway. A request admitted under a lease carries the role and fencing
 //! token to the app; any other passes through.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 
 use axum::body::Body;
-use futures_util::future::BoxFuture;
 use http::{Request, Response};
 use http_body::Body as _;
-use tower::Service;
 
 use crate::events::EventLog;
 use crate::lease::HeldLease;
 use crate::proxy::forward::prepare_headers;
 use crate::proxy::gate::{GateSettings, Outcome};
 use crate::proxy::headers::{REFUSED, ROLE, TOKEN};
-use crate::proxy::stack::{answer, connect_info, with_outcome};
+use crate::proxy::stack::{answer, connect_info, with_outcome, Local, Term};
 use crate::proxy::{failure_problem, HopProtocol, NextHop};
 use crate::telemetry;
 
@@ -57,29 +53,16 @@ impl Upstream {
     }
 }
 
-impl Service<Request<Body>> for Upstream {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
-        let shared = self.shared.clone();
-        Box::pin(async move { Ok(shared.send(req).await) })
+impl Local for Upstream {
+    async fn serve(self, req: Request<Body>, term: Option<Term>) -> Response<Body> {
+        self.shared.send(req, term.map(|t| t.lease)).await
     }
 }
 
 impl Shared {
-    async fn send(&self, mut req: Request<Body>) -> Response<Body> {
+    async fn send(&self, mut req: Request<Body>, lease: Option<HeldLease>) -> Response<Body> {
         let settings = &self.settings;
         let client = connect_info(&req);
-        let lease = req
-            .extensions()
-            .get::<HeldLease>()
-            .map(|l| (l.role.clone(), l.token, l.checked_at));
         let trusted = settings.trusts(&req, client);
         prepare_headers(&mut req, settings.hop_context(trusted, client, false));
         if self.close_after_body && !req.body().is_end_stream() {
@@ -94,15 +77,20 @@ impl Shared {
             );
         }
         let outcome = match &lease {
-            Some((role, token, checked_at)) => {
+            Some(lease) => {
                 if let Some(log) = &self.events {
-                    log.admitted(&settings.instance_id, role, *token, *checked_at);
+                    log.admitted(
+                        &settings.instance_id,
+                        &lease.role,
+                        lease.token,
+                        lease.checked_at,
+                    );
                 }
-                if let Ok(v) = http::HeaderValue::from_str(role) {
+                if let Ok(v) = http::HeaderValue::from_str(&lease.role) {
                     req.headers_mut().insert(ROLE, v);
                 }
                 req.headers_mut()
-                    .insert(TOKEN, http::HeaderValue::from(*token));
+                    .insert(TOKEN, http::HeaderValue::from(lease.token));
                 Outcome::Local
             }
             None => Outcome::Passthrough,
@@ -126,7 +114,7 @@ impl Shared {
                 let hop = NextHop::App {
                     upstream: &self.url,
                 };
-                let p = failure_problem(&e, hop).role(lease.map(|(r, _, _)| r));
+                let p = failure_problem(&e, hop).role(lease.map(|l| l.role));
                 answer(settings, p)
             }
         }

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use futures_util::future::{BoxFuture, Either, Ready};
 use http::{Request, Response};
-use tower::{Layer, Service};
+use tower::{Layer, Service, ServiceExt};
 
 use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder, HopProtocol};
@@ -20,7 +20,7 @@ use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
-use super::stack::{Edge, Gate as StackGate, Route, Routes};
+use super::stack::{Edge, Gate as StackGate, Local, Route, Routes, Term};
 use super::trust::Cidr;
 use crate::lease::Coordinator;
 
@@ -358,15 +358,11 @@ where
 {
     type Response = Response<Body>;
     type Error = Infallible;
-    /// Settled at once (a refused path); passed to the app (not gated);
-    /// or as the gate settles it.
-    #[allow(clippy::type_complexity)]
+    /// Settled at once (a refused path), or as the gate settles it (the
+    /// app runs inside that future).
     type Future = Either<
         Ready<Result<Response<Body>, Infallible>>,
-        Either<
-            BoxFuture<'static, Result<Response<Body>, Infallible>>,
-            BoxFuture<'static, Result<Response<Body>, Infallible>>,
-        >,
+        BoxFuture<'static, Result<Response<Body>, Infallible>>,
     >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -388,29 +384,26 @@ struct AppEdge<S> {
     settings: Arc<GateSettings>,
 }
 
-impl<S> Service<Request<Body>> for AppEdge<S>
+impl<S> Local for AppEdge<S>
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
     S::Future: Send + 'static,
 {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: Request<Body>) -> Self::Future {
+    async fn serve(self, mut req: Request<Body>, term: Option<Term>) -> Response<Body> {
         strip_rolegate(req.headers_mut());
         strip_disallowed_upgrade(req.headers_mut(), &self.settings.upgrades);
+        if let Some(term) = term {
+            term.mark(&mut req);
+        }
         let ask = UpgradeAsk::of(req.headers());
-        let settings = self.settings.clone();
-        let answer = self.inner.call(req);
-        Box::pin(async move {
-            let resp = answer.await?;
-            Ok(app_answer(resp, ask.as_ref(), &settings))
-        })
+        let resp = match self.inner.oneshot(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        };
+        app_answer(resp, ask.as_ref(), &self.settings)
     }
 }
 

@@ -4,14 +4,17 @@
 //! - [`Gate`] settles a gated request: forwarded one hop to the holder,
 //!   held until one can serve it, refused, or run here under the lease.
 //!
-//! Below them sits the local service: the gateway's upstream client, or the
-//! app a layer wraps. The holder decision and the lifetime of local work
+//! Below them sits the local service ([`Local`]): the gateway's upstream
+//! client, or the app a layer wraps. The gate runs it inside its own future
+//! (one allocation per gated request), and hands it the term a request was
+//! admitted under as an argument. The holder decision and the lifetime of local work
 //! exist only here: local work counts as running until the response body
 //! has streamed (or, in the gateway, an upgrade's tunnel closes), and ends
 //! with its term. A layer's app that upgrades keeps no count past its 101:
 //! its own upgraded task learns of the term's end from the `TermWatch`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -28,7 +31,34 @@ use super::gate::{GateSettings, GateTarget, Outcome, Settled};
 use super::problem::{Problem, Reason};
 use super::routes::{RouteError, RouteTable};
 use super::term_body::TermBody;
-use crate::lease::{HeldLease, LocalWork};
+use crate::lease::{HeldLease, LocalWork, TermWatch};
+
+/// The term a local request runs under: the lease it was admitted by and
+/// the watch that says when the term ends.
+pub(crate) struct Term {
+    pub(crate) lease: HeldLease,
+    pub(crate) watch: TermWatch,
+}
+
+impl Term {
+    /// Puts the lease and the watch in `req`'s extensions, where an
+    /// in-process app reads them.
+    pub(crate) fn mark(self, req: &mut Request<Body>) {
+        req.extensions_mut().insert(self.watch);
+        req.extensions_mut().insert(self.lease);
+    }
+}
+
+/// The service below the gate: runs a request here, admitted under `term`
+/// (`None`: an ungated request). Cloned per request, as a tower service is.
+pub(crate) trait Local: Clone + Send + 'static {
+    /// Answers `req`; never fails (a failure is an answer).
+    fn serve(
+        self,
+        req: Request<Body>,
+        term: Option<Term>,
+    ) -> impl Future<Output = Response<Body>> + Send + 'static;
+}
 
 /// What gates requests: the gateway's route table, or one layer's target
 /// and prefixes.
@@ -155,36 +185,27 @@ impl<S> Gate<S> {
     }
 }
 
-impl<S> Service<Routed> for Gate<S>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: Local> Service<Routed> for Gate<S> {
     type Response = Response<Body>;
     type Error = Infallible;
-    /// Ungated: the local service's own future; gated: the settling.
-    type Future = Either<S::Future, BoxFuture<'static, Result<Response<Body>, Infallible>>>;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
 
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The local service is made ready inside its own future.
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, Routed { mut req, target }: Routed) -> Self::Future {
         let client = connect_info(&req);
         let settings = &self.settings;
+        let inner = self.inner.clone();
         let Some(target) = target else {
             settings.take_hop(&mut req, client);
-            return Either::Left(self.inner.call(req));
+            return Box::pin(async move { Ok(inner.serve(req, None).await) });
         };
-        // Take the service that was driven to readiness; leave a fresh clone.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
         let settings = settings.clone();
         let edge = self.edge;
-        Either::Right(Box::pin(async move {
+        Box::pin(async move {
             let forwarded = settings.take_hop(&mut req, client);
             // Decide on the forwarding fields the app or a peer will see.
             let trusted = match edge {
@@ -205,7 +226,7 @@ where
                     Ok(with_outcome(resp, outcome))
                 }
             }
-        }))
+        })
     }
 }
 
@@ -214,29 +235,25 @@ where
 /// sees its connection close; a layer's handler future is dropped) and the
 /// client gets 503 `term-ended`; the response body is cut when the term
 /// ends; the gateway's upgrade tunnel takes the work and ends with it.
-async fn run_local<S>(
-    mut inner: S,
+async fn run_local<S: Local>(
+    inner: S,
     mut req: Request<Body>,
     (lease, work): (HeldLease, LocalWork),
     settings: &GateSettings,
-) -> Response<Body>
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
-{
+) -> Response<Body> {
     let over = work.over();
     let role = lease.role.clone();
     // The app's own long work (a WebSocket task, a loop) learns of the
-    // term's end from this.
-    req.extensions_mut().insert(work.watch().clone());
+    // term's end from the watch.
+    let term = Term {
+        lease,
+        watch: work.watch().clone(),
+    };
     // The gateway's upgrade tunnel takes the work from here.
     let slot = TunnelWork::new(work);
     req.extensions_mut().insert(slot.clone());
-    req.extensions_mut().insert::<HeldLease>(lease);
     let resp = tokio::select! {
-        answer = inner.call(req) => match answer {
-            Ok(resp) => resp,
-            Err(never) => match never {},
-        },
+        resp = inner.serve(req, Some(term)) => resp,
         _ = over => return answer(settings, term_ended(role, slot.reason())),
     };
     // The work counts as running until its body has streamed.
@@ -298,8 +315,6 @@ pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Respon
     resp.extensions_mut().insert(outcome);
     resp
 }
-
-/// The problem answer for `p`, carrying its outcome.
 pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
     let (resp, outcome) = settings.reject(p);
     with_outcome(resp, outcome)
@@ -359,12 +374,14 @@ mod tests {
 
     /// The local service: says whether it ran under a lease, and streams
     /// a body that never ends on its own.
-    fn app(
-    ) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future = impl Send>
-           + Clone
-           + Send
-           + 'static {
-        tower::service_fn(|req: Request<Body>| async move {
+    #[derive(Clone)]
+    struct App;
+
+    impl Local for App {
+        async fn serve(self, mut req: Request<Body>, term: Option<Term>) -> Response<Body> {
+            if let Some(term) = term {
+                term.mark(&mut req);
+            }
             let held = req.extensions().get::<HeldLease>().is_some();
             let body = if held {
                 let stream = futures_util::stream::unfold((), |()| async {
@@ -375,8 +392,8 @@ mod tests {
             } else {
                 Body::from(format!("held={held}"))
             };
-            Ok::<_, Infallible>(Response::new(body))
-        })
+            Response::new(body)
+        }
     }
 
     #[tokio::test]
@@ -419,7 +436,7 @@ mod tests {
             prefixes: Arc::from(Vec::new()),
             fold_case: true,
         });
-        let gate = Gate::new(settings.clone(), Edge::Layer, app());
+        let gate = Gate::new(settings.clone(), Edge::Layer, App);
         let stack = Route::new(routes, settings, gate);
         let resp = stack.oneshot(get("/jobs/run")).await.unwrap();
         assert_eq!(resp.status(), http::StatusCode::OK);

@@ -37,11 +37,34 @@ pub fn test_dir(tag: &str) -> PathBuf {
     dir
 }
 
+/// A port that was free a moment ago, for the store servers the tests start
+/// (PostgreSQL, Redis, etcd): they take a port number and cannot bind port 0
+/// and report what they got. Gateways, test apps and anything the tests
+/// bind themselves use port 0 and read the bound port back.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("no free loopback port")
+}
+
+/// A loopback port that refuses connections and that nothing else can
+/// take while this lives: bound, never listening.
+pub struct ClosedPort {
+    _socket: tokio::net::TcpSocket,
+    pub port: u16,
+}
+
+pub fn closed_port() -> ClosedPort {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+    socket
+        .bind("127.0.0.1:0".parse().unwrap())
+        .expect("bind a loopback port");
+    let port = socket.local_addr().expect("bound address").port();
+    ClosedPort {
+        _socket: socket,
+        port,
+    }
 }
 
 /// Waits until `f` returns true, polling every 5 ms, or panics after `limit`.
@@ -142,11 +165,14 @@ impl PrivatePostgres {
     /// run as root; not started.
     pub fn init() -> Self {
         let bin = pg_bin_dir();
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "rolegate-pg-{}-{}",
             std::process::id(),
-            free_port()
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
         ));
+        // A leftover of an earlier process with this id would stop initdb.
+        let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("create pg dir");
         if is_root() {
             let ok = Command::new("chown")
