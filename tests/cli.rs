@@ -697,6 +697,11 @@ async fn check_config_connect_and_status_need_only_the_store_section() {
         err.contains("lacks privileges") && err.contains(&format!("{table}: INSERT")),
         "{err}"
     );
+    // Recording a partition whose roles are already held updates its row.
+    assert!(
+        err.contains(&format!("{table}_partitions: UPDATE")),
+        "{err}"
+    );
     assert_eq!(code(&granted), 0, "{}", stderr(&granted));
 }
 

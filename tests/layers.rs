@@ -345,3 +345,49 @@ async fn a_layer_for_an_unknown_role_or_partition_is_an_error_naming_the_registe
     );
     c.shutdown().await;
 }
+
+/// A layer is ready when the app it wraps is: an app's backpressure reaches
+/// the connection before a request is admitted under the lease, so waiting
+/// for the app never counts as the role's work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_layer_is_ready_only_when_its_app_is() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::task::{Context, Poll, Waker};
+    use tower::{Layer, Service};
+
+    #[derive(Clone)]
+    struct Gated(Arc<AtomicBool>);
+    impl Service<Request<Body>> for Gated {
+        type Response = http::Response<Body>;
+        type Error = std::convert::Infallible;
+        type Future = std::future::Ready<Result<http::Response<Body>, std::convert::Infallible>>;
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+            if self.0.load(Ordering::SeqCst) {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        }
+        fn call(&mut self, _: Request<Body>) -> Self::Future {
+            std::future::ready(Ok(http::Response::new(Body::empty())))
+        }
+    }
+
+    let store: Arc<dyn LeaseStore> = Arc::new(MemoryStore::new());
+    let c = CoordinatorBuilder::new(store)
+        .instance_name("ready")
+        .advertise("http://127.0.0.1:1")
+        .role("reports", T)
+        .start()
+        .unwrap();
+    let open = Arc::new(AtomicBool::new(false));
+    let layer = RoleHolderLayer::new(&c, "reports", LayerOptions::new().unwrap())
+        .unwrap()
+        .prefixes(["/reports"]);
+    let mut svc = layer.layer(Gated(open.clone()));
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(svc.poll_ready(&mut cx).is_pending(), "ready before its app");
+    open.store(true, Ordering::SeqCst);
+    assert!(svc.poll_ready(&mut cx).is_ready(), "not ready with its app");
+    c.shutdown_now().await;
+}

@@ -451,6 +451,9 @@ async fn a_prefix_moving_between_roles_is_reported_by_both_members() {
             },
         )
         .await;
+        // Only the prefix that differs: both route /billing alike.
+        let members = g.leases().await["members"].to_string();
+        assert!(!members.contains("/billing"), "gateway {n}: {members}");
         let log = g.log();
         assert!(
             log.lines().any(|l| l.contains("WARN")

@@ -321,7 +321,7 @@ async fn stop_holder(gws: &[GatewayProcess; 2]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_holder_closes_its_websockets_with_1012_before_the_successor_begins() {
-    let (_apps, gws) = holder_and_standby("te_ws").await;
+    let (apps, gws) = holder_and_standby("te_ws").await;
     // Through the standby: forwarded to the holder, whose gateway runs the
     // tunnel to its app under the term.
     let url = format!("ws://127.0.0.1:{}/maintenance/ws-ticks", gws[1].port);
@@ -371,11 +371,21 @@ async fn a_stopping_holder_closes_its_websockets_with_1012_before_the_successor_
         "{}",
         gws[0].log()
     );
+    runs_once(&apps, "/maintenance/ws-ticks");
+}
+
+/// The cut request reached an app once in all: nothing sent it again to
+/// the successor's app.
+fn runs_once(apps: &[TestApp; 2], path: &str) {
+    let runs: Vec<usize> = (apps.iter())
+        .map(|a| a.executed_paths().iter().filter(|p| *p == path).count())
+        .collect();
+    assert_eq!(runs, [1, 0], "executions of {path} at app 0 and app 1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopping_holder_resets_its_http2_streams_with_cancel_before_the_successor_begins() {
-    let (_apps, gws) = holder_and_standby("te_h2").await;
+    let (apps, gws) = holder_and_standby("te_h2").await;
     let stream = read_sse(format!("{}/maintenance/ticks", gws[0].url()), true);
     support::wait_for("ticks flow", Duration::from_secs(10), || {
         stream.lock().unwrap().ticks.len() >= 3
@@ -397,6 +407,7 @@ async fn a_stopping_holder_resets_its_http2_streams_with_cancel_before_the_succe
         "{}",
         gws[0].log()
     );
+    runs_once(&apps, "/maintenance/ticks");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use rolegate::store::{LeaseStore, MemoryStore};
 use rolegate::work::{
-    Backoff, Finalized, Job, JobError, Outcome, WorkQueue, WorkTable, Worker, WorkerReport,
+    Backoff, Finalized, Job, JobError, Outcome, Value, WorkQueue, WorkTable, Worker, WorkerReport,
 };
 use rolegate::{CoordinatorBuilder, LeaseTimings};
 use tokio::sync::oneshot;
@@ -84,14 +84,14 @@ impl Db {
                 "CREATE TABLE {table} (id bigserial PRIMARY KEY, payload text NOT NULL DEFAULT '', \
                  status text NOT NULL DEFAULT 'pending', attempts int NOT NULL DEFAULT 0, \
                  run_at timestamptz NOT NULL DEFAULT now(), partition_no int NOT NULL DEFAULT 0, \
-                 dedupe text UNIQUE, lock_id text, locked_until timestamptz)"
+                 dedupe text UNIQUE, lock_id text, locked_until timestamptz, meta jsonb)"
             )
         } else {
             format!(
                 "CREATE TABLE {table} (id INTEGER PRIMARY KEY, payload TEXT NOT NULL DEFAULT '', \
                  status TEXT NOT NULL DEFAULT 'pending', attempts INTEGER NOT NULL DEFAULT 0, \
                  run_at INTEGER NOT NULL DEFAULT 0, partition_no INTEGER NOT NULL DEFAULT 0, \
-                 dedupe TEXT UNIQUE, lock_id TEXT, locked_until INTEGER)"
+                 dedupe TEXT UNIQUE, lock_id TEXT, locked_until INTEGER, meta TEXT)"
             )
         };
         self.exec(&ddl).await;
@@ -262,11 +262,17 @@ async fn failures_retry_then_die(db: Db) {
             let ends = ends.clone();
             move |f: &Finalized| ends.lock().unwrap().push((f.id, f.attempt, f.outcome))
         });
-    let (stop, task) = spawn(worker, |job: Job| async move {
-        if job.id == 1 {
-            Err(JobError::retry("the remote end refused"))
-        } else {
-            Err(JobError::discard("this message can never be sent"))
+    let runs: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = runs.clone();
+    let (stop, task) = spawn(worker, move |job: Job| {
+        let seen = seen.clone();
+        async move {
+            if job.id == 1 {
+                seen.lock().unwrap().push(Instant::now());
+                Err(JobError::retry("the remote end refused"))
+            } else {
+                Err(JobError::discard("this message can never be sent"))
+            }
         }
     });
     let dead = format!("SELECT count(*) FROM {table} WHERE status = 'dead'");
@@ -293,6 +299,14 @@ async fn failures_retry_then_die(db: Db) {
         ]
     );
     assert_eq!(of(2), [(Some(1), Outcome::Dead)]);
+    // Each retry waited its backoff (50 ms, then 100 ms; no jitter).
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs.len(), 3);
+    let gaps = [runs[1] - runs[0], runs[2] - runs[1]];
+    assert!(
+        gaps[0] >= Duration::from_millis(50) && gaps[1] >= Duration::from_millis(100),
+        "{gaps:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,13 +466,19 @@ async fn notifications_wake_an_idle_worker_on_postgres() {
     let q = db.queue(&table);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<i64>();
     let long = Duration::from_secs(600);
+    // One slot: no claim runs while a job does. Each job waits for the test
+    // to let it finish.
     let worker = Worker::new(q.clone())
+        .concurrency(1)
         .idle_poll(long, long)
         .listen(&channel);
+    let finish = Arc::new(tokio::sync::Semaphore::new(0));
+    let go = finish.clone();
     let (stop, task) = spawn(worker, move |job: Job| {
-        let tx = tx.clone();
+        let (tx, go) = (tx.clone(), go.clone());
         async move {
             let _ = tx.send(job.id);
+            go.acquire().await.unwrap().forget();
             Ok(())
         }
     });
@@ -493,13 +513,38 @@ async fn notifications_wake_an_idle_worker_on_postgres() {
         .expect("inserted");
     let got = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
     assert_eq!(got, Ok(Some(id)), "woken by enqueue's notification");
+    // While the job runs, no claim does: the first to finish after this
+    // moment is the one that follows the job.
+    let ran: String = sqlx::query_scalar("SELECT clock_timestamp()::text")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    finish.add_permits(1);
     sqlx::raw_sql(&q.notify_trigger_ddl(&channel).unwrap())
         .execute(pool)
         .await
         .unwrap();
-    // The claim that follows a finished job finds nothing; nothing signals
-    // that it has, so give it a moment before the next row arrives.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The claim that follows the finished job must have found nothing
+    // before the next row arrives (else that claim, not the trigger, would
+    // pick it up): a connection whose last statement is a claim, finished
+    // after the job ran.
+    let claimed_after = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle' \
+         AND query LIKE '%SKIP LOCKED%' AND query LIKE '%' || $2 || '%' \
+         AND state_change > $1::timestamptz";
+    support::wait_for_async(
+        "the claim after the job",
+        Duration::from_secs(30),
+        || async {
+            let n: i64 = sqlx::query_scalar(claimed_after)
+                .bind(&ran)
+                .bind(&table)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            n > 0
+        },
+    )
+    .await;
     db.exec(&format!("INSERT INTO {table} (payload) VALUES ('plain')"))
         .await;
     let got = tokio::time::timeout(Duration::from_secs(60), rx.recv()).await;
@@ -507,6 +552,7 @@ async fn notifications_wake_an_idle_worker_on_postgres() {
         matches!(got, Ok(Some(n)) if n > id),
         "woken by the trigger: {got:?}"
     );
+    finish.add_permits(1);
     let _ = stop.send(());
     task.await.unwrap().unwrap();
 }
@@ -534,12 +580,23 @@ async fn enqueue_and_prune(db: Db) {
         .await
         .unwrap();
     assert_eq!(again, None, "a duplicate is skipped");
-    q.enqueue()
+    // NULL goes into a column of any type; JSON into a jsonb column.
+    let later = q
+        .enqueue()
         .set("payload", "later")
+        .set("locked_until", Value::Null)
+        .set("meta", Value::Json(r#"{"order": 7}"#.into()))
         .run_after("run_at", Duration::from_secs(3600))
         .execute()
         .await
+        .unwrap()
         .unwrap();
+    let order = if db.pg_kind() {
+        format!("SELECT (meta->>'order')::bigint FROM {table} WHERE id = {later}")
+    } else {
+        format!("SELECT json_extract(meta, '$.order') FROM {table} WHERE id = {later}")
+    };
+    assert_eq!(db.int(&order).await, 7);
     let claimed = q.claim(10, Duration::from_secs(5)).await.unwrap();
     assert_eq!(
         claimed.ids().len(),
@@ -652,7 +709,7 @@ async fn the_worker_reports_its_metrics() {
     // Depth is sampled every 5 s while the worker runs.
     let started = Instant::now();
     let depth = format!("rolegate_work_queue_depth{{queue=\"{table}\"}} 0");
-    while !handle.render().contains(&depth) {
+    while !handle.render().lines().any(|l| l == depth) {
         assert!(
             started.elapsed() < Duration::from_secs(30),
             "{depth} never sampled"
@@ -662,12 +719,20 @@ async fn the_worker_reports_its_metrics() {
     let _ = stop.send(());
     task.await.unwrap().unwrap();
     let text = handle.render();
+    // Whole lines: `... 5` must not be matched by `... 50`.
     for want in [
         format!("rolegate_work_claimed_total{{queue=\"{table}\"}} 5"),
         format!("rolegate_work_completed_total{{queue=\"{table}\"}} 4"),
         format!("rolegate_work_dead_total{{queue=\"{table}\"}} 1"),
-        format!("rolegate_work_claim_seconds_count{{queue=\"{table}\"}}"),
     ] {
-        assert!(text.contains(&want), "{want} missing from:\n{text}");
+        assert!(
+            text.lines().any(|l| l == want),
+            "{want} missing from:\n{text}"
+        );
     }
+    let claims = format!("rolegate_work_claim_seconds_count{{queue=\"{table}\"}} ");
+    assert!(
+        text.lines().any(|l| l.starts_with(&claims)),
+        "{claims} missing from:\n{text}"
+    );
 }

@@ -16,6 +16,7 @@ GRANT SELECT, INSERT, UPDATE ON rolegate_role_leases TO rolegate_app;
 -- on a graceful stop, pruned an hour after they expired.
 GRANT SELECT, INSERT, UPDATE, DELETE ON rolegate_role_leases_members TO rolegate_app;
 -- Partition definitions: read every heartbeat, inserted by the first
--- gateway to see a partition; UPDATE only for `rolegate partitions resize`
--- (grant it to the role that runs the resize if the gateways should not).
+-- gateway to see a partition; UPDATE by a gateway that records a partition
+-- whose roles are already held (its statement updates, so PostgreSQL asks
+-- for UPDATE even when no row changes), and by `rolegate partitions resize`.
 GRANT SELECT, INSERT, UPDATE ON rolegate_role_leases_partitions TO rolegate_app;

@@ -10,7 +10,9 @@
 //! `serde_path_to_error` can wrap for the dotted path.
 
 use serde::{Deserialize, Serialize};
-use serde_saphyr::{Location, MessageFormatter, Spanned};
+use serde_saphyr::MessageFormatter;
+/// The parser's located value and location, as the resolver uses them.
+pub(super) use serde_saphyr::{Location, Spanned};
 
 use super::ConfigError;
 
@@ -27,9 +29,12 @@ pub(super) fn parse(text: &str, file: &str) -> Result<File, ConfigError> {
     })
     .map_err(|e| {
         let message = match &e {
-            serde_saphyr::Error::SerdeUnknownField { expected, .. } => {
-                format!("unknown key, expected one of {}", expected.join(", "))
-            }
+            serde_saphyr::Error::SerdeUnknownField {
+                field, expected, ..
+            } => format!(
+                "unknown key `{field}`, expected one of {}",
+                expected.join(", ")
+            ),
             e => serde_saphyr::DefaultMessageFormatter
                 .format_message(e)
                 .into_owned(),
@@ -63,6 +68,11 @@ fn dotted(path: &serde_path_to_error::Path) -> String {
         }
     }
     out
+}
+
+/// The file's YAML text.
+pub(super) fn render(file: &File) -> String {
+    serde_saphyr::to_string(file).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
 }
 
 /// A value as it will be printed: no line of its own.

@@ -18,7 +18,7 @@ pub(super) mod defaults {
     /// `upstream.health.unhealthy_after`.
     pub(crate) const UNHEALTHY_AFTER: u32 = 3;
     /// `shutdown.drain_timeout`.
-    pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+    pub(crate) const DRAIN_TIMEOUT: Duration = crate::lease::DEFAULT_DRAIN_TIMEOUT;
 }
 
 impl Resolver<'_> {

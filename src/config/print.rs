@@ -7,9 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde_saphyr::Spanned;
-
-use super::file::{self, printed, File, Text};
+use super::file::{self, printed, File, Spanned, Text};
 use super::{Config, HopProtocol, KeySource, RouteTarget};
 use crate::lease::LeaseTimings;
 
@@ -18,8 +16,15 @@ pub const CLUSTER_SECRET_VAR: &str = "ROLEGATE_CLUSTER_SECRET";
 /// The variable `--print` writes in place of `store.password`.
 pub const STORE_PASSWORD_VAR: &str = "ROLEGATE_STORE_PASSWORD";
 
+/// A resolved string as the file writes it: `$` doubled, so reading it
+/// again expands no `${VAR}` the resolved value happens to contain.
 fn text(s: impl Into<String>) -> Text {
-    printed(s.into())
+    printed(s.into().replace('$', "$$"))
+}
+
+/// A `${VAR}` reference to set at run time, in place of a secret.
+fn reference(var: &str) -> Text {
+    printed(format!("${{{var}}}"))
 }
 
 fn duration(d: Duration) -> Option<Text> {
@@ -152,7 +157,7 @@ impl Config {
                 })),
             },
         };
-        serde_saphyr::to_string(&file).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+        file::render(&file)
     }
 
     fn printed_store(&self) -> file::Store {
@@ -163,7 +168,7 @@ impl Config {
             migrate: Some(s.migrate),
             table: Some(text(&s.table)),
             username: s.username.as_deref().map(text),
-            password: (s.password.as_ref()).map(|_| text(format!("${{{STORE_PASSWORD_VAR}}}"))),
+            password: (s.password.as_ref()).map(|_| reference(STORE_PASSWORD_VAR)),
             tls: s.tls.as_ref().map(|tls| {
                 printed(file::StoreTls {
                     ca_file: tls.ca_file.as_deref().map(path),
@@ -180,8 +185,7 @@ impl Config {
             connect_timeout: duration(p.connect_timeout),
             response_header_timeout: duration(p.response_header_timeout),
             retry_after: number(self.retry_after_secs()),
-            cluster_secret: (p.cluster_secret.as_ref())
-                .map(|_| text(format!("${{{CLUSTER_SECRET_VAR}}}"))),
+            cluster_secret: (p.cluster_secret.as_ref()).map(|_| reference(CLUSTER_SECRET_VAR)),
             idle_timeout: duration(p.idle_timeout),
             case_insensitive_paths: Some(p.case_insensitive_paths),
             upgrades: Some(p.upgrades.iter().map(text).collect()),

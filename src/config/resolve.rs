@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde_saphyr::Location;
-
-use super::file::{self, Text};
+use super::file::{self, Location, Text};
 use super::{Config, ConfigError, LeaseTimings, StoreKind};
 
 /// Every role name seen so far, declared or generated, with where it came from.
@@ -21,6 +19,9 @@ pub(super) struct Resolver<'a> {
     /// Which store kinds this binary has.
     pub(super) built: fn(StoreKind) -> bool,
 }
+
+/// The longest duration any setting takes.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub(super) fn line_of(loc: &Location) -> Option<u64> {
     Some(loc.line()).filter(|l| *l > 0)
@@ -63,13 +64,23 @@ impl Resolver<'_> {
     ) -> Result<Duration, ConfigError> {
         let Some(t) = t else { return Ok(default) };
         let s = self.text(t, key)?;
-        humantime::parse_duration(s.trim()).map_err(|e| {
+        let d = humantime::parse_duration(s.trim()).map_err(|e| {
             self.err(
                 Some(&t.referenced),
                 key,
                 format!("`{s}` is not a duration ({e}); write e.g. 500ms, 15s, 2m"),
             )
-        })
+        })?;
+        // Every duration is added to a clock somewhere; past this, the sum
+        // would not fit.
+        if d > MAX_DURATION {
+            return Err(self.err(
+                Some(&t.referenced),
+                key,
+                format!("`{s}` is longer than a year, the longest duration a setting takes"),
+            ));
+        }
+        Ok(d)
     }
 
     pub(super) fn timings(

@@ -8,6 +8,10 @@ use super::resolve::{line_of, Resolver, RoleNames};
 use super::{ConfigError, LeaseTimings, PartitionConfig, RoleConfig};
 use crate::role::{partition_role_name, RoleName, MAX_PARTITION_COUNT};
 
+/// The most roles one file declares, partition roles included: every one is
+/// a lease record, a name in memory and a row in every snapshot.
+pub(super) const MAX_ROLES: usize = 262_144;
+
 impl Resolver<'_> {
     fn role_name(&self, t: &Text, key: &str) -> Result<RoleName, ConfigError> {
         let name = self.text(t, key)?;
@@ -70,6 +74,13 @@ impl Resolver<'_> {
                 ));
             }
             let count = self.partition_count(p, i)?;
+            if names.0.len() + count as usize > MAX_ROLES {
+                return Err(self.err(
+                    Some(&p.count.referenced),
+                    &format!("partitions[{i}].count"),
+                    format!("brings the roles of this file past {MAX_ROLES} (roles and partition roles together)"),
+                ));
+            }
             self.generated_roles(p, &name, count, &key, names)?;
             let timings = self.timings(
                 lease,

@@ -2,9 +2,7 @@
 
 use std::collections::HashMap;
 
-use serde_saphyr::Location;
-
-use super::file;
+use super::file::{self, Location};
 use super::resolve::Resolver;
 use super::{ConfigError, KeySource, PartitionConfig, RoleConfig, RouteConfig, RouteTarget};
 

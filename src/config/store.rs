@@ -2,19 +2,20 @@
 
 use std::path::PathBuf;
 
-use serde_saphyr::Spanned;
-
-use super::file::{self, Text};
+use super::file::{self, Spanned, Text};
 use super::resolve::Resolver;
 use super::{ConfigError, StoreConfig, StoreKind, DEFAULT_TABLE};
 use crate::store::{check_table_name, check_tls_rules, ClientCertFiles, StoreTls};
+
+/// The store when the file names none, or names `sqlite` without a URL.
+const DEFAULT_SQLITE_URL: &str = "sqlite://rolegate.db";
 
 impl Resolver<'_> {
     pub(super) fn store(&self, raw: Option<&file::Store>) -> Result<StoreConfig, ConfigError> {
         let Some(raw) = raw else {
             return Ok(StoreConfig {
                 kind: StoreKind::Sqlite,
-                url: "sqlite://rolegate.db".into(),
+                url: DEFAULT_SQLITE_URL.into(),
                 migrate: true,
                 table: DEFAULT_TABLE.into(),
                 username: None,
@@ -27,7 +28,7 @@ impl Resolver<'_> {
             Some(t) => self.text(t, "store.url")?,
             None => match kind {
                 StoreKind::Memory => "memory://".into(),
-                StoreKind::Sqlite => "sqlite://rolegate.db".into(),
+                StoreKind::Sqlite => DEFAULT_SQLITE_URL.into(),
                 _ => {
                     return Err(self.err(
                         raw.kind.as_ref().map(|k| &k.referenced),
@@ -167,7 +168,7 @@ impl Resolver<'_> {
 fn check_scheme(kind: StoreKind, url: &str) -> Result<(), String> {
     let (expected, example): (&[&str], &str) = match kind {
         StoreKind::Memory => return Ok(()),
-        StoreKind::Sqlite => (&["sqlite:"], "sqlite://rolegate.db"),
+        StoreKind::Sqlite => (&["sqlite:"], DEFAULT_SQLITE_URL),
         StoreKind::Postgres => (
             &["postgres://", "postgresql://"],
             "postgres://USER@HOST:5432/DB",

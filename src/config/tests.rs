@@ -8,6 +8,7 @@ fn env(name: &str) -> Option<String> {
     match name {
         "DB" => Some("postgres://x@127.0.0.1/db".into()),
         "SECRET" => Some("0123456789abcdef0123".into()),
+        "HOME_X" => Some("home".into()),
         _ => None,
     }
 }
@@ -60,6 +61,57 @@ fn unknown_key_is_refused_with_its_full_dotted_path() {
     assert_eq!(e.key, "lease.renew_interal", "{e}");
     assert!(e.message.contains("expected one of"), "{e}");
     assert_eq!(e.line, Some(3), "{e}");
+}
+
+#[test]
+fn a_duration_past_a_year_is_refused_not_added_to_a_clock() {
+    let e = refused("proxy:\n  idle_timeout: 300000000000y\n");
+    assert_eq!(e.key, "proxy.idle_timeout", "{e}");
+    assert_eq!(e.line, Some(2), "{e}");
+    assert!(e.message.contains("longer than a year"), "{e}");
+    assert!(parse("shutdown:\n  drain_timeout: 365days\n").is_ok());
+}
+
+#[test]
+fn an_unknown_key_is_named_in_the_message_too() {
+    // `value` is the one name the path cannot show (a located value is read
+    // as a map holding it under `value`): the message names it.
+    let e = refused("proxy:\n  value: 1\n");
+    assert!(e.message.starts_with("unknown key `value`"), "{e}");
+    assert_eq!(e.line, Some(2), "{e}");
+}
+
+#[test]
+fn the_roles_of_one_file_are_bounded() {
+    let mut text = String::from("partitions:\n");
+    for i in 0..5 {
+        text.push_str(&format!("  - name: p{i}\n    count: 65536\n"));
+    }
+    let e = refused(&text);
+    assert_eq!(e.key, "partitions[4].count", "{e}");
+    assert!(e.message.contains("262144"), "{e}");
+}
+
+#[test]
+fn a_dollar_in_a_value_survives_print_and_read() {
+    let c =
+        parse("upstream:\n  url: http://127.0.0.1:1\n  health:\n    path: /a$${HOME_X}${HOME_X}\n")
+            .unwrap();
+    let path = |c: &Config| {
+        c.upstream
+            .as_ref()
+            .unwrap()
+            .health
+            .as_ref()
+            .unwrap()
+            .path
+            .clone()
+    };
+    assert_eq!(path(&c), "/a${HOME_X}home");
+    // Printed, the computed `retry_after` is written out; all else reads back.
+    let again = parse(&c.to_yaml()).unwrap();
+    assert_eq!(again.upstream, c.upstream);
+    assert_eq!(again.to_yaml(), c.to_yaml());
 }
 
 #[test]

@@ -4,9 +4,7 @@
 
 use std::path::PathBuf;
 
-use serde_saphyr::Spanned;
-
-use super::file::{self, Text};
+use super::file::{self, Spanned, Text};
 use super::resolve::Resolver;
 use super::ConfigError;
 use crate::protocol::HopProtocol;

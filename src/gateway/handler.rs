@@ -112,6 +112,7 @@ impl GatewayState {
         let mut resp = answer.await;
         // Every service that answers marks how the request ended.
         let outcome = resp.extensions_mut().remove::<Outcome>();
+        debug_assert!(outcome.is_some(), "an answer without its outcome");
         finish(grpc, resp, outcome.unwrap_or(Outcome::Passthrough))
     }
 }

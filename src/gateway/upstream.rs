@@ -12,7 +12,7 @@ use crate::events::EventLog;
 use crate::lease::HeldLease;
 use crate::proxy::forward::prepare_headers;
 use crate::proxy::gate::{GateSettings, Outcome};
-use crate::proxy::headers::{REFUSED, ROLE, TOKEN};
+use crate::proxy::headers::{ROLE, TOKEN};
 use crate::proxy::stack::{answer, connect_info, with_outcome, Local, Term};
 use crate::proxy::{failure_problem, HopProtocol, NextHop};
 use crate::telemetry;
@@ -54,8 +54,13 @@ impl Upstream {
 }
 
 impl Local for Upstream {
-    async fn serve(self, req: Request<Body>, term: Option<Term>) -> Response<Body> {
-        self.shared.send(req, term.map(|t| t.lease)).await
+    async fn serve(self, mut req: Request<Body>, term: Option<Term>) -> Response<Body> {
+        let lease = term.map(|t| {
+            // An upgrade's tunnel takes the work from here.
+            req.extensions_mut().insert(t.tunnel);
+            t.lease
+        });
+        self.shared.send(req, lease).await
     }
 }
 
@@ -103,13 +108,7 @@ impl Shared {
             .forward_upstream
             .record(started.elapsed().as_secs_f64());
         match sent {
-            Ok(mut resp) => {
-                // Only a gateway refuses a hop: an app's answer carrying the
-                // refusal field would make the forwarding gateway send the
-                // request again, after this app ran it.
-                resp.headers_mut().remove(REFUSED);
-                with_outcome(resp, outcome)
-            }
+            Ok(resp) => with_outcome(resp, outcome),
             Err(e) => {
                 let hop = NextHop::App {
                     upstream: &self.url,

@@ -87,7 +87,7 @@ pub enum ForwardError {
 }
 
 /// Default `proxy.idle_timeout`.
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+pub const DEFAULT_IDLE_TIMEOUT: Duration = super::defaults::IDLE_TIMEOUT;
 
 pub use crate::protocol::HopProtocol;
 
@@ -400,7 +400,7 @@ impl Forwarder {
 
 /// Request extension: the local work a request runs under. An upgrade that
 /// succeeds takes it into its tunnel, which then counts as that work and
-/// ends with its term; otherwise the handler takes it back for the body.
+/// ends with its term; otherwise the gate takes it back for the body.
 #[derive(Clone)]
 pub(crate) struct TunnelWork {
     work: Arc<std::sync::Mutex<Option<LocalWork>>>,

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use axum::body::Body;
 use futures_util::future::{BoxFuture, Either, Ready};
 use http::{Request, Response};
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 
 use super::defaults as proxy_defaults;
 use super::forward::{ForwardError, Forwarder, HopProtocol};
@@ -20,7 +20,7 @@ use super::hop::HopSigner;
 use super::keys::KeyExtractor;
 use super::problem::{Problem, Reason};
 use super::routes::canonical_prefix;
-use super::stack::{Edge, Gate as StackGate, Local, Route, Routes, Term};
+use super::stack::{Edge, Gate, Local, Route, Routes, Term};
 use super::trust::Cidr;
 use crate::lease::Coordinator;
 
@@ -130,8 +130,9 @@ impl LayerOptions {
 
 /// What a layer was built with; each `layer()` call makes its stack.
 #[derive(Clone)]
-struct Gate {
-    /// `None`: the role is not registered; the layer installs nothing.
+struct LayerConfig {
+    /// `None`: the role is not registered; the layer gates nothing (requests
+    /// still pass the app's edge: client `X-Rolegate-*` fields removed).
     target: Option<GateTarget>,
     /// Canonical prefixes; empty gates every request.
     prefixes: Arc<[Vec<u8>]>,
@@ -139,7 +140,7 @@ struct Gate {
     settings: GateSettings,
 }
 
-impl Gate {
+impl LayerConfig {
     fn new(coordinator: &Coordinator, target: Option<GateTarget>, options: LayerOptions) -> Self {
         Self {
             target,
@@ -178,6 +179,10 @@ impl Gate {
 
     /// The shared stack around the app: route, gate, then the app's edge.
     fn stack<S>(&self, inner: S) -> HolderService<S> {
+        if self.fold_case && self.target.is_some() {
+            // Built here, not on the first request with a non-ASCII path.
+            super::canonical::prepare_folds();
+        }
         let routes = Routes::Prefixes {
             target: self.target.clone().map(Arc::new),
             prefixes: self.prefixes.clone(),
@@ -188,7 +193,7 @@ impl Gate {
             inner,
             settings: settings.clone(),
         };
-        let gate = StackGate::new(settings.clone(), Edge::Layer, app);
+        let gate = Gate::new(settings.clone(), Edge::Layer, app);
         HolderService {
             stack: Route::new(Arc::new(routes), settings, gate),
         }
@@ -199,7 +204,7 @@ impl Gate {
 /// layer is gated (use it with `route_layer` or on a nested router).
 #[derive(Clone)]
 pub struct RoleHolderLayer {
-    gate: Gate,
+    config: LayerConfig,
 }
 
 impl RoleHolderLayer {
@@ -218,7 +223,7 @@ impl RoleHolderLayer {
             });
         };
         Ok(Self {
-            gate: Gate::new(coordinator, Some(GateTarget::Role(lease)), options),
+            config: LayerConfig::new(coordinator, Some(GateTarget::Role(lease)), options),
         })
     }
 
@@ -235,14 +240,14 @@ impl RoleHolderLayer {
             );
         }
         Self {
-            gate: Gate::new(coordinator, target, options),
+            config: LayerConfig::new(coordinator, target, options),
         }
     }
 
     /// Only paths under these prefixes (segment boundaries, matched on every
     /// decoded and normalized reading of the path, as the gateway does) are gated.
     pub fn prefixes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, prefixes: I) -> Self {
-        self.gate.set_prefixes(prefixes);
+        self.config.set_prefixes(prefixes);
         self
     }
 }
@@ -250,7 +255,7 @@ impl RoleHolderLayer {
 /// Gates requests on a partition: the key picks the role.
 #[derive(Clone)]
 pub struct PartitionHolderLayer {
-    gate: Gate,
+    config: LayerConfig,
 }
 
 impl PartitionHolderLayer {
@@ -263,7 +268,7 @@ impl PartitionHolderLayer {
         options: LayerOptions,
     ) -> Result<Self, LayerError> {
         match Self::if_registered(coordinator, partition, key, options) {
-            layer if layer.gate.target.is_some() => Ok(layer),
+            layer if layer.config.target.is_some() => Ok(layer),
             _ => Err(LayerError::UnknownPartition {
                 partition: partition.into(),
                 registered: coordinator
@@ -298,7 +303,7 @@ impl PartitionHolderLayer {
             );
         }
         Self {
-            gate: Gate::new(coordinator, target, options),
+            config: LayerConfig::new(coordinator, target, options),
         }
     }
 
@@ -310,7 +315,7 @@ impl PartitionHolderLayer {
             scope: s,
             partition,
             ..
-        }) = &mut self.gate.target
+        }) = &mut self.config.target
         {
             if !partition.declares_scope(Some(scope)) {
                 tracing::warn!(partition = %partition.name(), scope, "this layer hashes keys with a scope not declared for the partition (CoordinatorBuilder::partition_scopes): instances that hash it differently would not be detected");
@@ -322,7 +327,7 @@ impl PartitionHolderLayer {
 
     /// Only paths under these prefixes are gated (see [`RoleHolderLayer::prefixes`]).
     pub fn prefixes<I: IntoIterator<Item = S>, S: Into<String>>(mut self, prefixes: I) -> Self {
-        self.gate.set_prefixes(prefixes);
+        self.config.set_prefixes(prefixes);
         self
     }
 }
@@ -330,14 +335,14 @@ impl PartitionHolderLayer {
 impl<S> Layer<S> for RoleHolderLayer {
     type Service = HolderService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        self.gate.stack(inner)
+        self.config.stack(inner)
     }
 }
 
 impl<S> Layer<S> for PartitionHolderLayer {
     type Service = HolderService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        self.gate.stack(inner)
+        self.config.stack(inner)
     }
 }
 
@@ -345,7 +350,7 @@ impl<S> Layer<S> for PartitionHolderLayer {
 /// (route, then gate), with the app below it.
 #[derive(Clone)]
 pub struct HolderService<S> {
-    stack: Route<StackGate<AppEdge<S>>>,
+    stack: Route<Gate<AppEdge<S>>>,
 }
 
 impl<S> Service<Request<Body>> for HolderService<S>
@@ -392,14 +397,22 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
-    async fn serve(self, mut req: Request<Body>, term: Option<Term>) -> Response<Body> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        self.inner.poll_ready(cx).map(|ready| match ready {
+            Ok(()) => (),
+            Err(never) => match never {},
+        })
+    }
+
+    async fn serve(mut self, mut req: Request<Body>, term: Option<Term>) -> Response<Body> {
         strip_rolegate(req.headers_mut());
         strip_disallowed_upgrade(req.headers_mut(), &self.settings.upgrades);
         if let Some(term) = term {
             term.mark(&mut req);
         }
         let ask = UpgradeAsk::of(req.headers());
-        let resp = match self.inner.oneshot(req).await {
+        // The gate drove this service to readiness before moving it here.
+        let resp = match self.inner.call(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},
         };
@@ -408,17 +421,15 @@ where
 }
 
 /// What the in-process app answered, passed on as the gateway passes on an
-/// app's answer: the hop-refusal field is removed (only a gateway refuses a
-/// hop; from an app it would make the forwarding gateway send the request
-/// again after it ran here), and a 101 passes only when it completes the
-/// upgrade the request asked for; any other is answered 502
-/// `upstream-bad-upgrade` (hyper then switches nothing).
+/// app's answer: a 101 passes only when it completes the upgrade the
+/// request asked for; any other is answered 502 `upstream-bad-upgrade`
+/// (hyper then switches nothing). The gate removes the hop-refusal field
+/// from every local answer.
 fn app_answer(
-    mut resp: Response<Body>,
+    resp: Response<Body>,
     ask: Option<&UpgradeAsk>,
     settings: &GateSettings,
 ) -> Response<Body> {
-    resp.headers_mut().remove(super::headers::REFUSED);
     if resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
         return resp;
     }

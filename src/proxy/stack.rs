@@ -5,9 +5,9 @@
 //!   held until one can serve it, refused, or run here under the lease.
 //!
 //! Below them sits the local service ([`Local`]): the gateway's upstream
-//! client, or the app a layer wraps. The gate runs it inside its own future
-//! (one allocation per gated request), and hands it the term a request was
-//! admitted under as an argument. The holder decision and the lifetime of local work
+//! client, or the app a layer wraps. The gate runs it inside its own boxed
+//! future (the one allocation the stack makes per request), and hands it the
+//! term a request was admitted under as an argument. The holder decision and the lifetime of local work
 //! exist only here: local work counts as running until the response body
 //! has streamed (or, in the gateway, an upgrade's tunnel closes), and ends
 //! with its term. A layer's app that upgrades keeps no count past its 101:
@@ -33,11 +33,15 @@ use super::routes::{RouteError, RouteTable};
 use super::term_body::TermBody;
 use crate::lease::{HeldLease, LocalWork, TermWatch};
 
-/// The term a local request runs under: the lease it was admitted by and
-/// the watch that says when the term ends.
+/// The term a local request runs under: the lease it was admitted by, the
+/// watch that says when the term ends, and the slot an upgrade's tunnel
+/// takes the work from.
 pub(crate) struct Term {
     pub(crate) lease: HeldLease,
     pub(crate) watch: TermWatch,
+    /// For the gateway's upgrade tunnel only: a layer's app never gets it
+    /// (it could keep the work alive past its term by holding it).
+    pub(crate) tunnel: TunnelWork,
 }
 
 impl Term {
@@ -50,8 +54,16 @@ impl Term {
 }
 
 /// The service below the gate: runs a request here, admitted under `term`
-/// (`None`: an ungated request). Cloned per request, as a tower service is.
+/// (`None`: an ungated request). The gate drives it to readiness in its own
+/// `poll_ready` (so a service with backpressure pushes back on the
+/// connection, before anything is admitted), then moves the ready service
+/// into the request's future and leaves a clone, as tower services are used.
 pub(crate) trait Local: Clone + Send + 'static {
+    /// Ready to take a request; the default is always.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<()> {
+        Poll::Ready(())
+    }
+
     /// Answers `req`; never fails (a failure is an answer).
     fn serve(
         self,
@@ -167,7 +179,10 @@ pub(crate) enum Edge {
 }
 
 /// Settles each gated request; an ungated one goes to the local service as
-/// is (a verified hop marker is remembered for inner layers).
+/// is (a verified hop marker is remembered for inner layers). Ready when the
+/// local service is. Whatever the local service answers loses the
+/// hop-refusal field: only a gateway refuses a hop, and from an app it would
+/// make the forwarding gateway send the request again after it ran here.
 #[derive(Clone)]
 pub(crate) struct Gate<S> {
     inner: S,
@@ -190,18 +205,19 @@ impl<S: Local> Service<Routed> for Gate<S> {
     type Error = Infallible;
     type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
 
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        // The local service is made ready inside its own future.
-        Poll::Ready(Ok(()))
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx).map(Ok)
     }
 
     fn call(&mut self, Routed { mut req, target }: Routed) -> Self::Future {
         let client = connect_info(&req);
         let settings = &self.settings;
-        let inner = self.inner.clone();
+        // Take the service that was driven to readiness; leave a fresh clone.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
         let Some(target) = target else {
             settings.take_hop(&mut req, client);
-            return Box::pin(async move { Ok(inner.serve(req, None).await) });
+            return Box::pin(async move { Ok(from_local(inner.serve(req, None).await)) });
         };
         let settings = settings.clone();
         let edge = self.edge;
@@ -234,10 +250,11 @@ impl<S: Local> Service<Routed> for Gate<S> {
 /// answered, the exchange is dropped when the term ends (a gateway's app
 /// sees its connection close; a layer's handler future is dropped) and the
 /// client gets 503 `term-ended`; the response body is cut when the term
-/// ends; the gateway's upgrade tunnel takes the work and ends with it.
+/// ends; the gateway's upgrade tunnel takes the work and ends with it; a
+/// layer's app that upgrades ends its own work from the watch.
 async fn run_local<S: Local>(
     inner: S,
-    mut req: Request<Body>,
+    req: Request<Body>,
     (lease, work): (HeldLease, LocalWork),
     settings: &GateSettings,
 ) -> Response<Body> {
@@ -245,16 +262,19 @@ async fn run_local<S: Local>(
     let role = lease.role.clone();
     // The app's own long work (a WebSocket task, a loop) learns of the
     // term's end from the watch.
+    let watch = work.watch().clone();
+    let slot = TunnelWork::new(work);
     let term = Term {
         lease,
-        watch: work.watch().clone(),
+        watch,
+        tunnel: slot.clone(),
     };
-    // The gateway's upgrade tunnel takes the work from here.
-    let slot = TunnelWork::new(work);
-    req.extensions_mut().insert(slot.clone());
     let resp = tokio::select! {
-        resp = inner.serve(req, Some(term)) => resp,
-        _ = over => return answer(settings, term_ended(role, slot.reason())),
+        resp = inner.serve(req, Some(term)) => from_local(resp),
+        _ = over => {
+            drop(slot.take());
+            return answer(settings, term_ended(role, slot.reason()));
+        }
     };
     // The work counts as running until its body has streamed.
     match slot.take() {
@@ -263,6 +283,13 @@ async fn run_local<S: Local>(
         }
         _ => resp,
     }
+}
+
+/// An answer of the local service, as the client may see it: without the
+/// hop-refusal field (see [`Gate`]).
+fn from_local(mut resp: Response<Body>) -> Response<Body> {
+    resp.headers_mut().remove(super::headers::REFUSED);
+    resp
 }
 
 /// The 503 for a local request whose term ended before it was answered.
@@ -315,6 +342,8 @@ pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Respon
     resp.extensions_mut().insert(outcome);
     resp
 }
+/// The answer to a problem found on the way down the stack, marked with its
+/// outcome.
 pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
     let (resp, outcome) = settings.reject(p);
     with_outcome(resp, outcome)
@@ -445,6 +474,7 @@ mod tests {
         assert_eq!(first.data_ref().unwrap().as_ref(), b"tick");
         // The stream is local work: the stop waits for it (up to its drain
         // bound), ends the term, and the body fails at its next poll.
+        let stopping = std::time::Instant::now();
         let stop = tokio::spawn(async move { c.shutdown().await });
         let ended = tokio::time::timeout(Duration::from_secs(5), async {
             loop {
@@ -463,6 +493,10 @@ mod tests {
             Ok(true),
             "the body outlived its term, or ended as if whole"
         );
+        // Not cut at once: the stop waited its drain bound for the stream,
+        // which it does only while the stream counts as the role's work.
+        let waited = stopping.elapsed();
+        assert!(waited >= Duration::from_millis(300), "cut after {waited:?}");
         stop.await.unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! A local response body that ends with its term (see
-//! [`crate::lease::LocalWork`]): the gateway and the layers both wrap the
-//! body of every local response in it.
+//! [`crate::lease::LocalWork`]): the gate wraps the body of every local
+//! response that is still streaming in it, in the gateway and the layers
+//! (an empty body ends the work at once; a 101's tunnel takes the work).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

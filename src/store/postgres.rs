@@ -261,7 +261,8 @@ impl LeaseStore for PostgresStore {
                  ('{table}', 'SELECT'), ('{table}', 'INSERT'), ('{table}', 'UPDATE'), \
                  ('{table}_members', 'SELECT'), ('{table}_members', 'INSERT'), \
                  ('{table}_members', 'UPDATE'), ('{table}_members', 'DELETE'), \
-                 ('{table}_partitions', 'SELECT'), ('{table}_partitions', 'INSERT')) \
+                 ('{table}_partitions', 'SELECT'), ('{table}_partitions', 'INSERT'), \
+                 ('{table}_partitions', 'UPDATE')) \
                  AS need(t, p) \
                  WHERE NOT has_table_privilege(t, p)"
             );

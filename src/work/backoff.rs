@@ -80,20 +80,41 @@ impl RetryLadder {
     }
 }
 
+/// The longest delay a remote `Retry-After` may ask for; a longer one (a
+/// peer's mistake, or a value meant to overflow a clock) is taken as this.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A `Retry-After` value as a delay from `now`: delay-seconds, or an HTTP
-/// date (a date in the past is zero). `None` when it is neither.
+/// date (a date in the past is zero), at most [`MAX_RETRY_AFTER`]. `None`
+/// when it is neither.
 pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let v = value.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = httpdate::parse_http_date(v).ok()?;
-    Some(at.duration_since(now).unwrap_or_default())
+    let delay = match v.parse::<u64>() {
+        Ok(secs) => Duration::from_secs(secs),
+        Err(_) => {
+            let at = httpdate::parse_http_date(v).ok()?;
+            at.duration_since(now).unwrap_or_default()
+        }
+    };
+    Some(delay.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_huge_retry_after_is_capped_not_overflowed() {
+        let now = SystemTime::now();
+        let ladder = RetryLadder::new(vec![Duration::from_secs(1)]);
+        let at = ladder.next(1, Some("18446744073709551615"), now).unwrap();
+        assert_eq!(at, now + MAX_RETRY_AFTER);
+        assert_eq!(
+            parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", now),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap() {

@@ -9,7 +9,8 @@ use super::{ident, WorkError, WorkPool, WorkQueue};
 /// A column value for [`Enqueue::set`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
-    /// SQL NULL.
+    /// SQL NULL (written into the statement, so it fits a column of any
+    /// type).
     Null,
     /// A boolean.
     Bool(bool),
@@ -19,6 +20,9 @@ pub enum Value {
     Float(f64),
     /// Text.
     Text(String),
+    /// A JSON document, as text: cast to `jsonb` on PostgreSQL (text does
+    /// not go into a `jsonb` column without it); stored as text on SQLite.
+    Json(String),
 }
 
 impl From<&str> for Value {
@@ -153,10 +157,24 @@ impl Enqueue<'_> {
             }
         };
         let mut columns: Vec<&str> = self.values.iter().map(|(c, _)| c.as_str()).collect();
-        let mut params: Vec<String> = (1..=self.values.len()).map(p).collect();
+        // One parameter per value but NULL, which is written as is.
+        let mut n = 0;
+        let mut params: Vec<String> = (self.values.iter())
+            .map(|(_, v)| match v {
+                Value::Null => "NULL".to_string(),
+                Value::Json(_) if postgres => {
+                    n += 1;
+                    format!("CAST({} AS jsonb)", p(n))
+                }
+                _ => {
+                    n += 1;
+                    p(n)
+                }
+            })
+            .collect();
         let mut delay_ms = None;
         if let Some((column, delay)) = &self.run_after {
-            let n = self.values.len() + 1;
+            let n = n + 1;
             columns.push(column);
             params.push(if postgres {
                 format!("clock_timestamp() + make_interval(secs => ${n}::float8 / 1000.0)")
@@ -181,41 +199,30 @@ impl Enqueue<'_> {
             ),
             _ => insert,
         };
+        // The same binds for each backend (sqlx types them per database).
+        macro_rules! run {
+            ($pool:expr) => {{
+                let mut q = sqlx::query_scalar::<_, i64>(&text);
+                for (_, v) in &self.values {
+                    q = match v {
+                        Value::Null => q,
+                        Value::Bool(b) => q.bind(*b),
+                        Value::Int(i) => q.bind(*i),
+                        Value::Float(f) => q.bind(*f),
+                        Value::Text(t) | Value::Json(t) => q.bind(t.clone()),
+                    };
+                }
+                if let Some(ms) = delay_ms {
+                    q = q.bind(ms);
+                }
+                Ok(q.fetch_optional($pool).await?)
+            }};
+        }
         match self.queue.pool() {
             #[cfg(feature = "postgres")]
-            WorkPool::Postgres(pool) => {
-                let mut q = sqlx::query_scalar::<_, i64>(&text);
-                for (_, v) in &self.values {
-                    q = match v {
-                        Value::Null => q.bind(None::<String>),
-                        Value::Bool(b) => q.bind(*b),
-                        Value::Int(i) => q.bind(*i),
-                        Value::Float(f) => q.bind(*f),
-                        Value::Text(t) => q.bind(t.clone()),
-                    };
-                }
-                if let Some(ms) = delay_ms {
-                    q = q.bind(ms);
-                }
-                Ok(q.fetch_optional(pool).await?)
-            }
+            WorkPool::Postgres(pool) => run!(pool),
             #[cfg(feature = "sqlite")]
-            WorkPool::Sqlite(pool) => {
-                let mut q = sqlx::query_scalar::<_, i64>(&text);
-                for (_, v) in &self.values {
-                    q = match v {
-                        Value::Null => q.bind(None::<String>),
-                        Value::Bool(b) => q.bind(*b),
-                        Value::Int(i) => q.bind(*i),
-                        Value::Float(f) => q.bind(*f),
-                        Value::Text(t) => q.bind(t.clone()),
-                    };
-                }
-                if let Some(ms) = delay_ms {
-                    q = q.bind(ms);
-                }
-                Ok(q.fetch_optional(pool).await?)
-            }
+            WorkPool::Sqlite(pool) => run!(pool),
         }
     }
 }

@@ -22,7 +22,7 @@ mod worker;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub use backoff::{parse_retry_after, Backoff, RetryLadder};
+pub use backoff::{parse_retry_after, Backoff, RetryLadder, MAX_RETRY_AFTER};
 pub use enqueue::{Enqueue, Value};
 pub use sql::Dialect;
 pub use worker::{Finalized, Job, JobError, JobRow, Outcome, RowValue, Worker, WorkerReport};
@@ -167,8 +167,9 @@ impl WorkTable {
         Ok(self)
     }
 
-    /// Extra assignments applied by the claim, e.g. `attempts = attempts + 1`
-    /// (counted at claim, so a crash uses an attempt up).
+    /// Extra assignments applied by the claim, e.g. `claimed_by = 'web-1'`.
+    /// Count attempts with [`attempts`](Self::attempts), not here: the two
+    /// together assign the column twice, which PostgreSQL refuses.
     pub fn on_claim(mut self, set: &str) -> Self {
         self.on_claim = Some(set.to_string());
         self
@@ -541,7 +542,13 @@ impl WorkQueue {
     /// PostgreSQL a subquery in it sees the table as it was before the
     /// statement).
     pub async fn complete(&self, id: i64, lock_id: &str) -> Result<bool, WorkError> {
-        let text = &self.sql.complete;
+        self.finish_row(&self.sql.complete, id, lock_id).await
+    }
+
+    /// Runs a statement that ends one row's run (`complete`, `dead`): bound
+    /// to the row's id and lock id, it returns whether the row is still
+    /// eligible, or nothing when the lock id is no longer on the row.
+    async fn finish_row(&self, text: &str, id: i64, lock_id: &str) -> Result<bool, WorkError> {
         let still: Option<Option<bool>> = match &self.pool {
             #[cfg(feature = "postgres")]
             WorkPool::Postgres(pool) => {
@@ -634,7 +641,7 @@ impl WorkQueue {
                 "fail_after needs WorkTable::on_fail",
             ));
         };
-        if delay > Duration::from_secs(365 * 24 * 3600) {
+        if delay > backoff::MAX_RETRY_AFTER {
             return Err(WorkError::BadArgument("retry delay must be under a year"));
         }
         let ms = delay.as_millis() as i64;
@@ -731,29 +738,7 @@ impl WorkQueue {
         let Some(text) = &self.sql.dead else {
             return Err(WorkError::BadArgument("discard needs WorkTable::on_dead"));
         };
-        let still: Option<Option<bool>> = match &self.pool {
-            #[cfg(feature = "postgres")]
-            WorkPool::Postgres(pool) => {
-                sqlx::query_scalar(text)
-                    .bind(id)
-                    .bind(lock_id)
-                    .fetch_optional(pool)
-                    .await?
-            }
-            #[cfg(feature = "sqlite")]
-            WorkPool::Sqlite(pool) => {
-                sqlx::query_scalar(text)
-                    .bind(id)
-                    .bind(lock_id)
-                    .fetch_optional(pool)
-                    .await?
-            }
-        };
-        match still {
-            None => Ok(false),
-            Some(Some(true)) => Err(WorkError::StillEligible(self.table.eligible.clone())),
-            Some(_) => Ok(true),
-        }
+        self.finish_row(text, id, lock_id).await
     }
 
     /// How many rows are claimable now (eligible, no live lock), and how
@@ -771,7 +756,9 @@ impl WorkQueue {
             #[cfg(feature = "sqlite")]
             WorkPool::Sqlite(pool) => sqlx::query_as(&text).fetch_one(pool).await?,
         };
-        Ok((count, age.map(|s| Duration::from_secs_f64(s.max(0.0)))))
+        // A timestamp the database reads as infinite gives no age, not a panic.
+        let age = age.and_then(|s| Duration::try_from_secs_f64(s.max(0.0)).ok());
+        Ok((count, age))
     }
 
     /// Deletes up to `limit` rows matching `finished` (an SQL predicate the

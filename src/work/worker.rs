@@ -424,9 +424,17 @@ impl Worker {
                 }
             }
             let started = Instant::now();
-            let claimed = match &this.partition {
-                Some(p) => (this.queue).claim_held(p, free as u32, this.lease).await,
-                None => this.queue.claim(free as u32, this.lease).await,
+            let claim = async {
+                match &this.partition {
+                    Some(p) => (this.queue).claim_held(p, free as u32, this.lease).await,
+                    None => this.queue.claim(free as u32, this.lease).await,
+                }
+            };
+            // A stop does not wait for a claim the database sits on: rows a
+            // dropped claim took come back when their lease ends.
+            let claimed = tokio::select! {
+                _ = &mut stop => break,
+                claimed = claim => claimed,
             };
             metrics::histogram!(CLAIM_SECONDS, "queue" => label.clone())
                 .record(started.elapsed().as_secs_f64());
@@ -468,7 +476,7 @@ impl Worker {
                 let running = running.clone();
                 tasks.spawn(async move {
                     let _permit = permit;
-                    this.run_one(job, lock, &*handler, &tally, &running).await;
+                    (this.run_one(job, lock, started, &*handler, &tally, &running)).await;
                 });
             }
         }
@@ -493,17 +501,26 @@ impl Worker {
         // The handlers are dropped before their rows are given back.
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
-        for (id, lock, attempt) in left {
-            match this.queue.release(id, &lock).await {
-                Ok(true) => {
-                    tally.add(|r| r.released += 1);
-                    this.report(id, &lock, attempt, Outcome::Released);
-                }
-                Ok(false) => this.report(id, &lock, attempt, Outcome::Lost),
-                Err(e) => {
-                    tracing::warn!(queue = %label, id, error = %e, "giving a row back at stop failed; it is claimable again when its lease ends")
+        let give_back = left.into_iter().map(|(id, lock, attempt)| {
+            let (this, tally, label) = (&this, &tally, &label);
+            async move {
+                match this.queue.release(id, &lock).await {
+                    Ok(true) => {
+                        tally.add(|r| r.released += 1);
+                        this.report(id, &lock, attempt, Outcome::Released);
+                    }
+                    Ok(false) => this.report(id, &lock, attempt, Outcome::Lost),
+                    Err(e) => {
+                        tracing::warn!(queue = %label, id, error = %e, "giving a row back at stop failed; it is claimable again when its lease ends")
+                    }
                 }
             }
+        });
+        // Past one lease the rows are claimable anyway: the stop waits no
+        // longer for a database that does not answer.
+        let all = futures_util::future::join_all(give_back);
+        if tokio::time::timeout(this.lease, all).await.is_err() {
+            tracing::warn!(queue = %label, "giving rows back at stop timed out; they are claimable again when their leases end");
         }
         background.cancel();
         let report = tally
@@ -519,6 +536,7 @@ impl Worker {
         &self,
         job: Job,
         lock: Arc<str>,
+        claimed_at: Instant,
         handler: &H,
         tally: &Tally,
         running: &Running,
@@ -533,16 +551,20 @@ impl Worker {
             .insert(id, (lock.clone(), cancel.clone(), attempt));
         let label = self.queue.table().table.clone();
         let lost = CancellationToken::new();
-        let renewal = self.renew(id, lock.clone(), cancel.clone(), lost.clone());
+        let renewal = self.renew(id, lock.clone(), claimed_at, cancel.clone(), lost.clone());
         let outcome = tokio::select! {
             r = handler(job) => Some(r),
             _ = cancel.cancelled() => None,
             _ = renewal => None,
         };
-        running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
+        {
+            // A later claim of the same row (this run's lease was lost) is
+            // another run: only this run's own entry goes.
+            let mut running = running.lock().unwrap_or_else(|p| p.into_inner());
+            if running.get(&id).is_some_and(|(l, _, _)| *l == lock) {
+                running.remove(&id);
+            }
+        }
         let Some(outcome) = outcome else {
             if lost.is_cancelled() {
                 // Lost, or not renewed before the lease ran out: either way
@@ -562,8 +584,10 @@ impl Worker {
                 match e.retry {
                     Some(after) if !used_up => {
                         tracing::debug!(queue = %label, id, error = %e.message, "work row failed; retrying later");
+                        // A handler's delay is capped as a remote one is.
                         let delay = after
-                            .unwrap_or_else(|| self.backoff.delay_jittered(attempt.unwrap_or(1)));
+                            .unwrap_or_else(|| self.backoff.delay_jittered(attempt.unwrap_or(1)))
+                            .min(super::backoff::MAX_RETRY_AFTER);
                         let r = if q.statements().fail_after.is_some() {
                             q.fail_after(id, &lock, delay).await
                         } else {
@@ -612,13 +636,15 @@ impl Worker {
         &self,
         id: i64,
         lock: Arc<str>,
+        claimed_at: Instant,
         cancel: CancellationToken,
         lost: CancellationToken,
     ) {
         let label = self.queue.table().table.clone();
         let every = self.lease / 3;
-        // The claim's own lease, from before it was sent.
-        let mut until = Instant::now() + self.lease - every;
+        // The claim's own lease runs from no earlier than the claim was
+        // sent: the database set its expiry after that.
+        let mut until = claimed_at + self.lease;
         loop {
             tokio::time::sleep(every).await;
             let sent = Instant::now();

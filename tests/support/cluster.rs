@@ -777,11 +777,17 @@ impl GatewayProcess {
     }
 
     /// The lines of `--events` so far (see `ClusterSpec::with_events`).
+    /// Every complete line must read as an event (a format change fails
+    /// here, not as missing events); only a last line still being written
+    /// (no newline yet) is left out.
     pub fn events(&self) -> Vec<super::events::Event> {
-        std::fs::read_to_string(self.dir.join("events.jsonl"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
+        let text = std::fs::read_to_string(self.dir.join("events.jsonl")).unwrap_or_default();
+        text.split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
+            .map(|l| {
+                serde_json::from_str(l.trim_end())
+                    .unwrap_or_else(|e| panic!("an event line the tests cannot read ({e}): {l}"))
+            })
             .collect()
     }
 
