@@ -127,6 +127,18 @@ impl Db {
 }
 
 /// Runs `worker` with `handler` in the background; the sender stops it.
+/// Sends its message when dropped: tells a test a handler's future was.
+struct OnDrop(
+    tokio::sync::mpsc::UnboundedSender<&'static str>,
+    &'static str,
+);
+
+impl Drop for OnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1);
+    }
+}
+
 fn spawn<H, F>(
     worker: Worker,
     handler: H,
@@ -338,6 +350,7 @@ async fn a_lost_lease_cancels_the_handler() {
         let seen = seen_tx.clone();
         async move {
             let _ = seen.send("started");
+            let _dropped = OnDrop(seen.clone(), "dropped");
             // Tells the test once the token fires (a task of its own, since
             // this future is dropped at that moment).
             let cancel = job.cancel.clone();
@@ -361,8 +374,14 @@ async fn a_lost_lease_cancels_the_handler() {
         "UPDATE {table} SET lock_id = 'someone else', locked_until = {far}"
     ))
     .await;
-    let got = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
-    assert_eq!(got, Ok(Some("cancelled")));
+    // The token fires and the handler's future is dropped, in either order.
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let next = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+        got.push(next.ok().flatten());
+    }
+    got.sort();
+    assert_eq!(got, [Some("cancelled"), Some("dropped")]);
     let _ = stop.send(());
     let report = task.await.unwrap().unwrap();
     assert_eq!(report.lost, 1, "{report:?}");
@@ -423,15 +442,26 @@ async fn a_stop_gives_running_rows_back(db: Db) {
     let worker = Worker::new(db.queue(&table))
         .lease(Duration::from_secs(60))
         .grace(Duration::from_millis(200));
-    let (stop, task) = spawn(worker, |_job: Job| async move {
-        std::future::pending::<()>().await;
-        Ok(())
+    let (dropped, mut drops) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let (stop, task) = spawn(worker, move |_job: Job| {
+        let dropped = dropped.clone();
+        async move {
+            let _dropped = OnDrop(dropped, "dropped");
+            std::future::pending::<()>().await;
+            Ok(())
+        }
     });
     let locked = format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL");
     wait_rows(&db, "every row running", &locked, 3).await;
     let _ = stop.send(());
     let report = task.await.unwrap().unwrap();
     assert_eq!(report.released, 3, "{report:?}");
+    // Every handler was dropped by the time `run` returned.
+    let mut n = 0;
+    while drops.try_recv().is_ok() {
+        n += 1;
+    }
+    assert_eq!(n, 3, "handlers dropped");
     assert_eq!(db.int(&locked).await, 0);
     let again = db
         .queue(&table)
