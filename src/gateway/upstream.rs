@@ -10,7 +10,7 @@ use http_body::Body as _;
 
 use crate::events::EventLog;
 use crate::lease::HeldLease;
-use crate::proxy::forward::prepare_headers;
+use crate::proxy::forward::{add_forwarding_fields, prepare_headers};
 use crate::proxy::gate::{GateSettings, Outcome};
 use crate::proxy::headers::{ROLE, TOKEN};
 use crate::proxy::stack::{answer, connect_info, with_outcome, Local, Term};
@@ -68,8 +68,13 @@ impl Shared {
     async fn send(&self, mut req: Request<Body>, lease: Option<HeldLease>) -> Response<Body> {
         let settings = &self.settings;
         let client = connect_info(&req);
-        let trusted = settings.trusts(&req, client);
-        prepare_headers(&mut req, settings.hop_context(trusted, client, false));
+        if lease.is_some() {
+            // Gated: the gate sanitized the fields before it admitted it.
+            add_forwarding_fields(&mut req, client, &settings.instance_id, false);
+        } else {
+            let trusted = settings.trusts(&req, client);
+            prepare_headers(&mut req, settings.hop_context(trusted, client, false));
+        }
         if self.close_after_body && !req.body().is_end_stream() {
             // An app server that leaves this body unread must not read its
             // bytes as the next request: there is no next request. An

@@ -649,14 +649,27 @@ pub struct ArrivedOverTls;
 /// fields and look-alikes removed, forwarding fields replaced unless trusted,
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.
 pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
+    sanitize_headers(req.headers_mut(), hop.trusted, hop.upgrades);
+    add_forwarding_fields(req, hop.client, hop.by, hop.to_peer);
+}
+
+/// The second half of [`prepare_headers`], for a request whose fields were
+/// already sanitized with the same verdict (a gated request: the gate
+/// sanitizes before it settles, and a held request gets its sanitized fields
+/// back for each attempt).
+pub fn add_forwarding_fields(
+    req: &mut Request<Body>,
+    client: Option<SocketAddr>,
+    by: &str,
+    to_peer: bool,
+) {
     let proto = if req.extensions().get::<ArrivedOverTls>().is_some() {
         "https"
     } else {
         "http"
     };
     let headers = req.headers_mut();
-    sanitize_headers(headers, hop.trusted, hop.upgrades);
-    add_forwarding(headers, hop.client, hop.by, proto, hop.to_peer);
+    add_forwarding(headers, client, by, proto, to_peer);
     // HTTP/1.0 clients may send no Host; the URI authority fills it later.
     if let Some(h) = headers.get(header::HOST) {
         if h.is_empty() {

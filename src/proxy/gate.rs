@@ -8,7 +8,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderMap, Request, Response, Uri};
 
-use super::forward::{prepare_headers, ForwardError, Forwarder, HopContext, HopProtocol};
+use super::forward::{add_forwarding_fields, ForwardError, Forwarder, HopContext, HopProtocol};
 use super::headers::{HOP, REFUSED};
 use super::hold::{HeldSlot, Holds};
 use super::hop::{HopRefusal, HopSigner};
@@ -508,15 +508,15 @@ impl GateSettings {
         }
     }
 
-    /// One hop to `address`, as prepared for a peer.
+    /// One hop to `address`, as prepared for a peer: the gate sanitized
+    /// the request's fields before it settled.
     async fn forward_raw(
         &self,
         mut req: Request<Body>,
         client: Option<SocketAddr>,
         address: &str,
     ) -> Result<Response<Body>, ForwardError> {
-        let trusted = self.trusts(&req, client);
-        prepare_headers(&mut req, self.hop_context(trusted, client, true));
+        add_forwarding_fields(&mut req, client, &self.instance_id, true);
         let path = req
             .uri()
             .path_and_query()

@@ -272,8 +272,9 @@ fn connection_has(headers: &HeaderMap, token: &str) -> bool {
 }
 
 /// The hop-by-hop fields (RFC 9110 7.6.1 and the legacy ones), removed
-/// from every request and response that crosses the gateway.
-const HOP_BY_HOP: [HeaderName; 9] = [
+/// from every request and response that crosses the gateway. A `static`, not
+/// a `const`: a `const` array is built and dropped at each use.
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     KEEP_ALIVE,
     PROXY_CONNECTION,
@@ -285,6 +286,24 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     HTTP2_SETTINGS,
 ];
 
+/// Whether `name` is one of [`HOP_BY_HOP`], by its text: a match on the
+/// lowercase name is a length switch and one comparison, where comparing
+/// against each name in turn is nine.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "transfer-encoding"
+            | "upgrade"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "http2-settings"
+    )
+}
+
 /// Removes hop-by-hop fields. With `keep_upgrade`, `Upgrade` and
 /// `Connection: upgrade` survive so the next hop can switch protocols.
 /// `Trailer` is kept (unless `Connection` names it): it is end-to-end in
@@ -294,15 +313,15 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     // The usual request and response carry none of them: one pass over the
     // names instead of a hashed removal per name (this runs three times per
     // request).
-    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+    if !headers.keys().any(is_hop_by_hop) {
         return;
     }
-    // Split on bytes: a value with obs-text must not hide the names before it.
-    let named: Vec<HeaderName> = headers
+    // The values `Connection` names are removed by name, read from a copy
+    // of its values (a reference count each, no parsing into owned names).
+    let connection: Vec<HeaderValue> = headers
         .get_all(header::CONNECTION)
         .iter()
-        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim_ascii()).ok())
+        .cloned()
         .collect();
     let upgrade = keep_upgrade
         .then(|| headers.get(header::UPGRADE).cloned())
@@ -313,9 +332,14 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    // Split on bytes: a value with obs-text must not hide the names before it.
+    let named = (connection.iter())
+        .flat_map(|v| v.as_bytes().split(|b| *b == b','))
+        .filter_map(|t| std::str::from_utf8(t.trim_ascii()).ok());
     for name in named {
-        if name != header::UPGRADE || upgrade.is_none() {
-            headers.remove(&name);
+        if upgrade.is_none() || !name.eq_ignore_ascii_case(header::UPGRADE.as_str()) {
+            // A token that is no field name matches no field.
+            headers.remove(name);
         }
     }
     for name in &HOP_BY_HOP {
@@ -373,34 +397,45 @@ pub fn add_forwarding(
     proto: &str,
     to_peer: bool,
 ) {
-    use std::fmt::Write as _;
-    // One buffer for the Forwarded element (this runs on every request).
-    let mut forwarded = String::with_capacity(96);
+    // One buffer for the values this adds (this runs on every request);
+    // `ip` is where the client's address sits in it, for X-Forwarded-For.
+    let mut value = Vec::with_capacity(96);
+    let mut ip = 0..0;
     if let Some(c) = client {
-        let _ = match c.ip() {
-            std::net::IpAddr::V4(ip) => write!(forwarded, "for={ip};"),
-            std::net::IpAddr::V6(ip) => write!(forwarded, "for=\"[{ip}]\";"),
-        };
+        value.extend_from_slice(b"for=");
+        let quoted = c.is_ipv6();
+        if quoted {
+            value.extend_from_slice(b"\"[");
+        }
+        ip.start = value.len();
+        push_ip(&mut value, c.ip());
+        ip.end = value.len();
+        value.extend_from_slice(if quoted { b"]\";" } else { b";" });
     }
     // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
-    if token_safe(by) {
-        let _ = write!(forwarded, "by=_{by};proto={proto}");
+    let by_safe = token_safe(by);
+    if by_safe {
+        value.extend_from_slice(b"by=_");
+        value.extend_from_slice(by.as_bytes());
     } else {
-        let _ = write!(forwarded, "by=unknown;proto={proto}");
+        value.extend_from_slice(b"by=unknown");
     }
+    value.extend_from_slice(b";proto=");
+    value.extend_from_slice(proto.as_bytes());
     let host = headers.get(header::HOST).cloned();
-    if let Some(h) = host.as_ref().and_then(|h| h.to_str().ok()) {
-        if h.bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\')
+    if let Some(h) = &host {
+        let h = h.as_bytes();
+        if h.iter()
+            .all(|b| b.is_ascii_graphic() && *b != b'"' && *b != b'\\')
         {
-            let _ = write!(forwarded, ";host=\"{h}\"");
+            value.extend_from_slice(b";host=\"");
+            value.extend_from_slice(h);
+            value.push(b'"');
         }
     }
-    append(headers, FORWARDED, &forwarded);
-    if let Some(c) = client {
-        forwarded.clear();
-        let _ = write!(forwarded, "{}", c.ip());
-        append(headers, X_FORWARDED_FOR, &forwarded);
+    append(headers, FORWARDED, &value);
+    if client.is_some() {
+        append(headers, X_FORWARDED_FOR, &value[ip]);
     }
     if !headers.contains_key(X_FORWARDED_PROTO) {
         headers.insert(
@@ -413,12 +448,41 @@ pub fn add_forwarding(
             headers.insert(X_FORWARDED_HOST, h);
         }
     }
-    if to_peer && token_safe(by) {
-        forwarded.clear();
-        let _ = write!(forwarded, "1.1 rolegate ({by})");
-        append(headers, header::VIA, &forwarded);
+    if to_peer && by_safe {
+        value.clear();
+        value.extend_from_slice(b"1.1 rolegate (");
+        value.extend_from_slice(by.as_bytes());
+        value.push(b')');
+        append(headers, header::VIA, &value);
+    } else if headers.contains_key(header::VIA) {
+        append(headers, header::VIA, b"1.1 rolegate");
     } else {
-        append(headers, header::VIA, "1.1 rolegate");
+        headers.insert(header::VIA, HeaderValue::from_static("1.1 rolegate"));
+    }
+}
+
+/// Writes `ip` as text: an IPv4 address digit by digit (the formatting
+/// machinery costs more than the rest of the field), IPv6 as `Display` does.
+fn push_ip(out: &mut Vec<u8>, ip: std::net::IpAddr) {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b'.');
+                }
+                if octet >= 100 {
+                    out.push(b'0' + octet / 100);
+                }
+                if octet >= 10 {
+                    out.push(b'0' + octet / 10 % 10);
+                }
+                out.push(b'0' + octet % 10);
+            }
+        }
+        std::net::IpAddr::V6(v6) => {
+            use std::io::Write as _;
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
@@ -429,15 +493,15 @@ fn token_safe(s: &str) -> bool {
 }
 
 /// Appends to a comma-separated list field, joining existing values.
-fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &[u8]) {
     let mut values = headers.get_all(&name).iter();
     let joined = match (values.next(), values.next()) {
-        (None, _) => HeaderValue::from_str(value).ok(),
+        (None, _) => HeaderValue::from_bytes(value).ok(),
         (Some(one), None) => {
             let mut b = Vec::with_capacity(one.len() + 2 + value.len());
             b.extend_from_slice(one.as_bytes());
             b.extend_from_slice(b", ");
-            b.extend_from_slice(value.as_bytes());
+            b.extend_from_slice(value);
             HeaderValue::from_bytes(&b).ok()
         }
         (Some(_), Some(_)) => {
@@ -448,7 +512,7 @@ fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
                 .collect();
             let mut b = all.join(&b", "[..]);
             b.extend_from_slice(b", ");
-            b.extend_from_slice(value.as_bytes());
+            b.extend_from_slice(value);
             HeaderValue::from_bytes(&b).ok()
         }
     };
@@ -623,6 +687,16 @@ mod tests {
         let mut h = map(&[("http2-settings", "AAMA")]);
         strip_hop_by_hop(&mut h, false);
         assert!(h.is_empty(), "HTTP2-Settings is always hop-by-hop");
+    }
+
+    #[test]
+    fn the_hop_by_hop_test_names_the_hop_by_hop_fields() {
+        for name in &HOP_BY_HOP {
+            assert!(is_hop_by_hop(name), "{name}");
+        }
+        for name in [header::HOST, header::TRAILER, header::VIA, HOP] {
+            assert!(!is_hop_by_hop(&name), "{name}");
+        }
     }
 
     #[test]

@@ -324,6 +324,7 @@ pub(crate) fn millis(d: Duration) -> i64 {
 /// The value of a presence record in the key-value stores (Redis, etcd):
 /// `{0|1} {address}`, then a newline and the route-table fingerprint when
 /// there is one.
+#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) fn member_value(candidate: bool, address: &str, routes: &str) -> String {
     let mut value = format!("{} {address}", u8::from(candidate));
     if !routes.is_empty() {
@@ -335,6 +336,7 @@ pub(crate) fn member_value(candidate: bool, address: &str, routes: &str) -> Stri
 
 /// Reads a presence value written by [`member_value`] (or by a version
 /// without fingerprints).
+#[cfg(any(feature = "redis", feature = "etcd"))]
 pub(crate) fn parse_member(id: &str, value: &str) -> Option<Member> {
     let (head, routes) = value.split_once('\n').unwrap_or((value, ""));
     let (flag, address) = head.split_once(' ')?;
