@@ -1,4 +1,4 @@
-//! A real etcd cluster on loopback for tests: `n` members on free ports,
+//! A real etcd cluster on loopback for tests: `n` members on ports of their own,
 //! data under [`super::test_dir`], with per-member kill, restart, SIGSTOP
 //! and SIGCONT. Dropping the cluster kills every member and removes its
 //! files (a failing test keeps them, for the members' logs). Needs the `etcd` binary (`scripts/test` installs it); without it
@@ -66,8 +66,8 @@ impl EtcdCluster {
         let members: Vec<EtcdMember> = (0..n)
             .map(|i| EtcdMember {
                 name: format!("m{i}"),
-                client_port: super::free_port(),
-                peer_port: super::free_port(),
+                client_port: super::store_port(),
+                peer_port: super::store_port(),
                 data: dir.join(format!("m{i}")),
                 log: dir.join(format!("m{i}.log")),
                 child: None,

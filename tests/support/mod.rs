@@ -1,4 +1,4 @@
-//! Shared test support: throwaway PostgreSQL servers on free loopback ports,
+//! Shared test support: throwaway PostgreSQL servers on their own ports,
 //! a real multi-member etcd cluster (`etcd`), unique table names, waiting
 //! for conditions with deadlines, and the one-holder interval checker
 //! (`intervals`).
@@ -37,15 +37,47 @@ pub fn test_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// A port that was free a moment ago, for the store servers the tests start
-/// (PostgreSQL, Redis, etcd): they take a port number and cannot bind port 0
-/// and report what they got. Gateways, test apps and anything the tests
-/// bind themselves use port 0 and read the bound port back.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("no free loopback port")
+/// A port for a store server the tests start (PostgreSQL, Redis, etcd):
+/// they take a port number, and cannot bind port 0 and report what they
+/// got. Gateways, test apps and anything the tests bind themselves use
+/// port 0 and read the bound port back.
+///
+/// The port comes from outside the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), the range every port-0 bind and every
+/// outgoing connection draws from, so nothing else in the run can take it
+/// between this check and the server's own bind (a port picked by binding
+/// port 0 and released could be, and once was). A counter keeps the servers
+/// of one test binary apart, an offset by process id keeps consecutive
+/// binaries apart, and a port another program holds is skipped.
+pub fn store_port() -> u16 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().map(|p| p.parse::<u32>().ok());
+            Some((it.next()??, it.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    // The wider of the two gaps around the ephemeral range.
+    let (from, to) = if low.saturating_sub(1024) >= 65535u32.saturating_sub(high) {
+        (1024, low)
+    } else {
+        (high + 1, 65536)
+    };
+    let span = to - from;
+    assert!(
+        span >= 100,
+        "no room outside the ephemeral ports {low}-{high}"
+    );
+    let offset = std::process::id() * 101;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (from + (offset + n) % span) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {from}..{to}");
 }
 
 /// A loopback port that refuses connections and that nothing else can
@@ -200,7 +232,7 @@ impl PrivatePostgres {
         Self {
             bin,
             dir,
-            port: free_port(),
+            port: store_port(),
         }
     }
 
@@ -376,10 +408,10 @@ impl PrivateServer {
         ])
     }
 
-    /// A Redis on a free port with its files in a directory of its own and
+    /// A Redis on a port of its own with its files in a directory of its own and
     /// `extra` options.
     fn redis_with(extra: &[&str]) -> Self {
-        let port = free_port();
+        let port = store_port();
         let dir =
             std::env::temp_dir().join(format!("rolegate-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -405,8 +437,8 @@ impl PrivateServer {
 
     /// A single-member etcd with its own data directory.
     pub fn etcd() -> Self {
-        let port = free_port();
-        let peer = free_port();
+        let port = store_port();
+        let peer = store_port();
         let dir = std::env::temp_dir().join(format!("rolegate-etcd-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let client = format!("http://127.0.0.1:{port}");

@@ -191,7 +191,7 @@ pub fn postgres(files: &TlsFiles, tls: ServerTls) -> PrivatePostgres {
 /// A Redis that listens for TLS only.
 pub fn redis(files: &TlsFiles, tls: ServerTls) -> PrivateServer {
     let program = require_binary("redis-server");
-    let port = super::free_port();
+    let port = super::store_port();
     let dir = super::test_dir("redis_tls");
     let (cert, key) = files.server(tls.right_host);
     let auth = if tls.require_client_cert { "yes" } else { "no" };
@@ -226,8 +226,8 @@ pub fn redis(files: &TlsFiles, tls: ServerTls) -> PrivateServer {
 /// A single-member etcd whose client URL is https.
 pub fn etcd(files: &TlsFiles, tls: ServerTls) -> PrivateServer {
     let program = require_binary("etcd");
-    let port = super::free_port();
-    let peer = format!("http://127.0.0.1:{}", super::free_port());
+    let port = super::store_port();
+    let peer = format!("http://127.0.0.1:{}", super::store_port());
     let dir = super::test_dir("etcd_tls");
     let client = format!("https://127.0.0.1:{port}");
     let (cert, key) = files.server(tls.right_host);
