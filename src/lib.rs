@@ -29,6 +29,7 @@ mod shutdown;
 pub mod store;
 mod telemetry;
 mod tls;
+mod value;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod work;
 

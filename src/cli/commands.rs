@@ -453,7 +453,7 @@ pub(super) async fn partitions_resize(
         eprintln!("error: a partition count must be between 1 and 65536, not {count}");
         return ExitCode::from(EXIT_CONFIG);
     }
-    let least = partition.lease.duration;
+    let least = partition.duration;
     let settle = settle.unwrap_or(least).max(least);
     let definition =
         crate::lease::definition_text(count, &config.partition_scopes(&partition.name));

@@ -1,23 +1,24 @@
-//! The configuration file's schema: one set of serde structs that a file
-//! is read into (every value with the line it came from) and that
-//! `check-config --print` writes back out. Defaults and checks are applied
-//! by the resolver (the sibling files); unknown keys, wrong types and YAML
-//! errors are reported here with the path the deserializer was at.
+//! Reading and writing the file's text: the YAML parser, the path and line
+//! of a refused value, and [`Locations`], where each key of a file is (for
+//! the checks between settings, which run on the typed values).
 //!
 //! The parser is `serde-saphyr`: a serde YAML 1.2 reader that gives every
 //! value its line ([`Spanned`]), a structured error per failure (the
 //! unknown field's name, its location), and a streaming deserializer that
 //! `serde_path_to_error` can wrap for the dotted path.
 
-use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_saphyr::MessageFormatter;
-/// The parser's located value and location, as the resolver uses them.
-pub(super) use serde_saphyr::{Location, Spanned};
+use serde_saphyr::Spanned;
 
 use super::ConfigError;
 
-/// Reads `text` into the schema; `file` names it in errors.
-pub(super) fn parse(text: &str, file: &str) -> Result<File, ConfigError> {
+/// Reads `text` into `T`; `file` names it in errors.
+pub(super) fn parse<T: DeserializeOwned>(text: &str, file: &str) -> Result<T, ConfigError> {
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
     let mut path = String::new();
@@ -48,15 +49,12 @@ pub(super) fn parse(text: &str, file: &str) -> Result<File, ConfigError> {
     })
 }
 
-/// The dotted key of `path`, e.g. `routes[1].key.header`. A [`Spanned`]
-/// value is read as a map holding it under `value`: that step is not a key
-/// of the file (no section of the schema has a key named `value`).
+/// The dotted key of `path`, e.g. `routes[1].key.header`.
 fn dotted(path: &serde_path_to_error::Path) -> String {
     use serde_path_to_error::Segment;
     let mut out = String::new();
     for segment in path.iter() {
         match segment {
-            Segment::Map { key } if key == "value" => {}
             Segment::Map { key } => {
                 if !out.is_empty() {
                     out.push('.');
@@ -70,252 +68,154 @@ fn dotted(path: &serde_path_to_error::Path) -> String {
     out
 }
 
-/// The file's YAML text.
-pub(super) fn render(file: &File) -> String {
-    serde_saphyr::to_string(file).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
+/// `value` as YAML text.
+pub(super) fn render<T: Serialize>(value: &T) -> String {
+    serde_saphyr::to_string(value).unwrap_or_else(|e| format!("# cannot render: {e}\n"))
 }
 
-/// A value as it will be printed: no line of its own.
-pub(super) fn printed<T>(value: T) -> Spanned<T> {
-    Spanned::new(value, Location::UNKNOWN, Location::UNKNOWN)
+/// Where each key of a file is, by its dotted path (`proxy.max_held`,
+/// `routes[1].key`): the lines of the refusals that involve several
+/// settings, and whether a key whose default depends on another was set.
+/// It is read from the YAML tree alone, so no key needs an entry here.
+#[derive(Default)]
+pub(super) struct Locations(HashMap<String, u64>);
+
+impl Locations {
+    /// Where the keys of `text` are (none, if it is not YAML).
+    pub(super) fn read(text: &str) -> Self {
+        let mut out = HashMap::new();
+        if let Ok(tree) = serde_saphyr::from_str::<Spanned<Tree>>(text) {
+            walk(String::new(), tree, &mut out);
+        }
+        Locations(out)
+    }
+
+    /// The 1-based line of `key`'s value.
+    pub(super) fn line(&self, key: &str) -> Option<u64> {
+        self.0.get(key).copied().filter(|l| *l > 0)
+    }
+
+    /// Whether the file sets `key`.
+    pub(super) fn has(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
 }
 
-pub(super) type Text = Spanned<String>;
-
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct File {
-    #[serde(default)]
-    pub(super) instance: Instance,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) listen: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) admin_listen: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) upstream: Option<Upstream>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) store: Option<Store>,
-    #[serde(default)]
-    pub(super) lease: Timings,
-    #[serde(default)]
-    pub(super) roles: Vec<Role>,
-    #[serde(default)]
-    pub(super) partitions: Vec<Partition>,
-    #[serde(default)]
-    pub(super) routes: Vec<Route>,
-    #[serde(default)]
-    pub(super) proxy: Proxy,
-    #[serde(default)]
-    pub(super) shutdown: Shutdown,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) tls: Option<Spanned<Tls>>,
-    #[serde(default)]
-    pub(super) peers: Peers,
+fn walk(path: String, node: Spanned<Tree>, out: &mut HashMap<String, u64>) {
+    let line = node.referenced.line();
+    match node.value {
+        Tree::Map(entries) => {
+            for (key, value) in entries {
+                let child = if path.is_empty() {
+                    key
+                } else {
+                    format!("{path}.{key}")
+                };
+                walk(child, value, out);
+            }
+        }
+        Tree::Seq(items) => {
+            for (i, value) in items.into_iter().enumerate() {
+                walk(format!("{path}[{i}]"), value, out);
+            }
+        }
+        Tree::Leaf => {}
+    }
+    if !path.is_empty() {
+        out.insert(path, line);
+    }
 }
 
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Instance {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) name: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) advertise: Option<Text>,
+/// Any YAML value, with the location of each part.
+enum Tree {
+    Map(Vec<(String, Spanned<Tree>)>),
+    Seq(Vec<Spanned<Tree>>),
+    Leaf,
 }
 
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Upstream {
-    pub(super) url: Text,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) protocol: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) health: Option<Health>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) close_after_body: Option<bool>,
+impl<'de> Deserialize<'de> for Tree {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TreeVisitor)
+    }
 }
 
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Http2 {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) enabled: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) max_concurrent_streams: Option<Spanned<u64>>,
+/// A map key of any scalar kind, as text.
+struct Key(String);
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key, E> {
+                Ok(Key(v.to_string()))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Key, E> {
+                Ok(Key(v.to_string()))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Key, E> {
+                Ok(Key(v.to_string()))
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Key, E> {
+                Ok(Key(v.to_string()))
+            }
+            fn visit_bool<E>(self, v: bool) -> Result<Key, E> {
+                Ok(Key(v.to_string()))
+            }
+            fn visit_unit<E>(self) -> Result<Key, E> {
+                Ok(Key(String::new()))
+            }
+        }
+        d.deserialize_any(KeyVisitor)
+    }
 }
 
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Health {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) path: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) interval: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) unhealthy_after: Option<Spanned<u64>>,
-}
+struct TreeVisitor;
 
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Store {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) kind: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) url: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) migrate: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) table: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) username: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) password: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) tls: Option<Spanned<StoreTls>>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct StoreTls {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) ca_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) cert_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) key_file: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Timings {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) duration: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) renew_interval: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) safety_margin: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Role {
-    pub(super) name: Text,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) duration: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) renew_interval: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) safety_margin: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Partition {
-    pub(super) name: Text,
-    pub(super) count: Spanned<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) duration: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) renew_interval: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) safety_margin: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) balance: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) rebalance_delay: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) handover_drain: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Route {
-    pub(super) prefixes: Spanned<Vec<Text>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) role: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) partition: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) scope: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) key: Option<Spanned<Key>>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Key {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) header: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) query: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) path_segment: Option<Spanned<SegmentIndex>>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(untagged)]
-pub(super) enum SegmentIndex {
-    Number(u64),
-    Word(String),
-}
-
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Proxy {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) connect_timeout: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) response_header_timeout: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) retry_after: Option<Spanned<u64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) cluster_secret: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) idle_timeout: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) case_insensitive_paths: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) upgrades: Option<Vec<Text>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) trusted_proxies: Option<Vec<Text>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) max_connections: Option<Spanned<u64>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) hold_timeout: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) max_held: Option<Spanned<u64>>,
-    #[serde(default)]
-    pub(super) http2: Http2,
-}
-
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Shutdown {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) drain_timeout: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Tls {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) cert_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) key_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) client_ca_file: Option<Text>,
-}
-
-#[derive(Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct Peers {
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) ca_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) cert_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) key_file: Option<Text>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) require_client_cert: Option<Spanned<bool>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(super) protocol: Option<Text>,
+impl<'de> Visitor<'de> for TreeVisitor {
+    type Value = Tree;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Tree, A::Error> {
+        let mut entries = Vec::new();
+        while let Some((Key(k), v)) = map.next_entry::<Key, Spanned<Tree>>()? {
+            entries.push((k, v));
+        }
+        Ok(Tree::Map(entries))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Tree, A::Error> {
+        let mut items = Vec::new();
+        while let Some(v) = seq.next_element::<Spanned<Tree>>()? {
+            items.push(v);
+        }
+        Ok(Tree::Seq(items))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_unit<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_none<E>(self) -> Result<Tree, E> {
+        Ok(Tree::Leaf)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
+        d.deserialize_any(TreeVisitor)
+    }
 }

@@ -1,7 +1,10 @@
-//! The YAML configuration: parsing, `${VAR}` expansion, defaults and every
-//! refusal described in docs/configuration.md. A file either resolves into a [`Config`] whose
-//! invariants hold, or is refused with one [`ConfigError`] naming the file,
-//! the line where known, and the key.
+//! The YAML configuration. The structs below are its one schema: a file is
+//! read into them (`${VAR}` expanded, each value's default and check in its
+//! field's serde attributes) and `check-config --print` writes them back.
+//! Then the checks between settings run (the resolver). A file either
+//! becomes a [`Config`] whose invariants hold, or is refused with one
+//! [`ConfigError`] naming the file, the line where known, and the key;
+//! docs/configuration.md describes every refusal.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -24,18 +27,22 @@ mod transport;
 
 pub use crate::lease::LeaseTimings;
 pub use crate::proxy::{HopProtocol, KeySource};
+pub use crate::store::config::STORE_PASSWORD_VAR;
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
 pub use crate::tls::{PeersConfig, TlsConfig};
-pub use print::{CLUSTER_SECRET_VAR, STORE_PASSWORD_VAR};
-pub use resolve::{expand_env, EnvError};
+pub use crate::value::{expand_env, EnvError};
+pub use print::CLUSTER_SECRET_VAR;
 
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use crate::lease::{CoordinatorBuilder, PartitionSpec, RoleSpec};
 use crate::proxy::Cidr;
 use crate::role::RoleName;
 use crate::store::LeaseStore;
-use resolve::Resolver;
+use crate::value;
+use resolve::Checker;
 
 /// A refused configuration: file, line (when known), key and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -65,85 +72,174 @@ impl fmt::Display for ConfigError {
 }
 
 /// The `instance` section: who this gateway is.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct InstanceConfig {
-    /// Stable instance name; a random id is used when unset.
+    /// Stable instance name, 1-64 characters of `[A-Za-z0-9._-]`; a random
+    /// id is used when unset.
+    #[serde(
+        default,
+        with = "instance::name",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub name: Option<String>,
     /// The URL other gateways forward to; derived from `listen` when unset.
+    #[serde(
+        default,
+        with = "value::opt_http_url",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub advertise: Option<String>,
 }
 
 /// `upstream.health`: the app's health check, which gates candidacy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct HealthConfig {
     /// Path probed on the app, e.g. `/healthz`.
+    #[serde(with = "instance::health_path")]
     pub path: String,
     /// Time between probes.
+    #[serde(with = "value::positive")]
     pub interval: Duration,
-    /// Failed probes in a row before the instance stops being a candidate.
+    /// Failed probes in a row before the instance stops being a candidate
+    /// (1 to 1000).
+    #[serde(deserialize_with = "value::count::<_, u32, 1, 1000>")]
     pub unhealthy_after: u32,
 }
 
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            path: "/healthz".into(),
+            interval: Duration::from_secs(2),
+            unhealthy_after: 3,
+        }
+    }
+}
+
 /// The `upstream` section: the app behind this gateway.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct UpstreamConfig {
     /// Base URL of the app.
+    #[serde(with = "value::http_url")]
     pub url: String,
     /// `http1` (default) or `h2c` (HTTP/2 with prior knowledge, for gRPC apps).
+    #[serde(default, with = "instance::upstream_protocol")]
     pub protocol: HopProtocol,
     /// Optional health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthConfig>,
     /// Send `Connection: close` to the app on every request with a body, so
     /// an app server that leaves a body unread never reads its bytes as the
     /// next request (HTTP/1.1 upstreams only).
+    #[serde(default)]
     pub close_after_body: bool,
 }
 
 /// The `proxy` section: forwarding timeouts and the request rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     /// Time to open a connection to the app or a peer.
+    #[serde(with = "value::positive")]
     pub connect_timeout: Duration,
     /// Time for a response head after the request body was sent.
+    #[serde(with = "value::positive")]
     pub response_header_timeout: Duration,
     /// `Retry-After` seconds on 503s; computed from the renew intervals when unset.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
-    /// Shared secret that signs the hop marker between gateways.
+    /// Shared secret that signs the hop marker between gateways (at least
+    /// 16 bytes).
+    #[serde(
+        with = "proxy::cluster_secret",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub cluster_secret: Option<String>,
     /// No byte either way on a connection or tunnel for this long closes it.
+    #[serde(with = "value::positive")]
     pub idle_timeout: Duration,
     /// Match route prefixes ignoring ASCII case.
     pub case_insensitive_paths: bool,
     /// `Upgrade` protocols passed through (lowercase); others are stripped.
+    #[serde(with = "proxy::upgrades")]
     pub upgrades: Vec<String>,
     /// Networks whose `X-Forwarded-*`/`Forwarded` fields are kept.
+    #[serde(with = "proxy::cidrs")]
     pub trusted_proxies: Vec<Cidr>,
-    /// Public-listener connections served at once.
+    /// Public-listener connections served at once (1 to 1,000,000).
+    #[serde(deserialize_with = "value::count::<_, usize, 1, 1_000_000>")]
     pub max_connections: usize,
     /// How long a role request with no servable holder waits for one (0:
-    /// answered 503 at once).
+    /// answered 503 at once; at most an hour).
+    #[serde(with = "proxy::hold_timeout")]
     pub hold_timeout: Duration,
-    /// Requests held at once; beyond it, 503 at once (default `max_connections`).
+    /// Requests held at once; beyond it, 503 at once (0 to 1,000,000;
+    /// default `max_connections`).
+    #[serde(deserialize_with = "value::count::<_, usize, 0, 1_000_000>")]
     pub max_held: usize,
     /// HTTP/2 on the public listener.
     pub http2: Http2Config,
 }
 
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        use crate::proxy::defaults as d;
+        Self {
+            connect_timeout: d::CONNECT_TIMEOUT,
+            response_header_timeout: d::RESPONSE_HEADER_TIMEOUT,
+            retry_after: None,
+            cluster_secret: None,
+            idle_timeout: d::IDLE_TIMEOUT,
+            case_insensitive_paths: d::CASE_INSENSITIVE_PATHS,
+            upgrades: d::UPGRADES.iter().map(|s| s.to_string()).collect(),
+            trusted_proxies: Vec::new(),
+            max_connections: d::MAX_CONNECTIONS,
+            hold_timeout: d::HOLD_TIMEOUT,
+            max_held: d::MAX_CONNECTIONS,
+            http2: Http2Config::default(),
+        }
+    }
+}
+
 /// `proxy.http2`: HTTP/2 on the public listener (h2c with prior knowledge,
 /// h2 by ALPN over TLS).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct Http2Config {
     /// Serve HTTP/2 at all (HTTP/1.1 is always served).
     pub enabled: bool,
-    /// Streams a client may have open at once on one connection.
+    /// Streams a client may have open at once on one connection (1 to 10,000).
+    #[serde(deserialize_with = "value::count::<_, u32, 1, 10_000>")]
     pub max_concurrent_streams: u32,
 }
 
+impl Default for Http2Config {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_concurrent_streams: crate::proxy::defaults::HTTP2_MAX_CONCURRENT_STREAMS,
+        }
+    }
+}
+
 /// The `shutdown` section.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct ShutdownConfig {
     /// Longest wait for in-flight requests before roles are released anyway.
+    #[serde(with = "value::duration")]
     pub drain_timeout: Duration,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        Self {
+            drain_timeout: crate::lease::DEFAULT_DRAIN_TIMEOUT,
+        }
+    }
 }
 
 /// What a route is gated by.
@@ -162,71 +258,215 @@ pub enum RouteTarget {
     },
 }
 
-/// One entry of `routes`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One entry of `routes`: prefixes and exactly one of `role` and
+/// `partition` (a partition route with its `key`, and maybe a `scope`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct RouteConfig {
     /// Path prefixes, as written (canonicalized by the route table).
+    #[serde(with = "value::texts")]
     pub prefixes: Vec<String>,
-    /// The role or partition that owns them.
-    pub target: RouteTarget,
+    /// The role that owns them.
+    #[serde(
+        default,
+        with = "routes::opt_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub role: Option<RoleName>,
+    /// The partition that owns them.
+    #[serde(
+        default,
+        with = "routes::opt_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub partition: Option<RoleName>,
+    /// A partition route's scope, hashed before the key.
+    #[serde(
+        default,
+        with = "value::opt_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub scope: Option<String>,
+    /// Where a partition route finds its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<KeyConfig>,
 }
 
-/// One entry of `roles`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl RouteConfig {
+    /// The role or partition that owns the route (`None` only for a route
+    /// that names neither, or one without its key, which a read file never
+    /// has).
+    pub fn target(&self) -> Option<RouteTarget> {
+        match (&self.role, &self.partition) {
+            (Some(role), None) => Some(RouteTarget::Role(role.clone())),
+            (None, Some(name)) => Some(RouteTarget::Partition {
+                name: name.clone(),
+                scope: self.scope.clone(),
+                key: self.key.as_ref()?.source()?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `routes[].key`: exactly one of `header`, `query` and `path_segment`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyConfig {
+    /// A request header, by name (kept lowercase); not one the gateway
+    /// removes or rewrites.
+    #[serde(
+        default,
+        with = "routes::key_header",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub header: Option<String>,
+    /// A query parameter, by name.
+    #[serde(
+        default,
+        with = "routes::key_query",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub query: Option<String>,
+    /// A path segment: its number from 1, or `last`.
+    #[serde(
+        default,
+        with = "routes::segment",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub path_segment: Option<KeySource>,
+}
+
+impl KeyConfig {
+    /// Where the key is found, when exactly one source is set.
+    pub fn source(&self) -> Option<KeySource> {
+        match (&self.header, &self.query, &self.path_segment) {
+            (Some(h), None, None) => Some(KeySource::Header(h.clone())),
+            (None, Some(q), None) => Some(KeySource::Query(q.clone())),
+            (None, None, Some(s)) => Some(s.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// One entry of `roles`. A timing left out takes the `lease` section's.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct RoleConfig {
     /// The role's name.
+    #[serde(with = "value::role_name")]
     pub name: RoleName,
-    /// Its timings (the `lease` defaults, overridden per role).
-    pub lease: LeaseTimings,
+    /// How long a term lasts in the store without renewal.
+    #[serde(default, with = "value::duration")]
+    pub duration: Duration,
+    /// How often the holder renews.
+    #[serde(default, with = "value::duration")]
+    pub renew_interval: Duration,
+    /// How much earlier than expiry the holder stops trusting its term.
+    #[serde(default, with = "value::duration")]
+    pub safety_margin: Duration,
 }
 
-/// One entry of `partitions`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl RoleConfig {
+    /// Its timings.
+    pub fn lease(&self) -> LeaseTimings {
+        LeaseTimings {
+            duration: self.duration,
+            renew_interval: self.renew_interval,
+            safety_margin: self.safety_margin,
+        }
+    }
+}
+
+/// One entry of `partitions`. A timing left out takes the `lease`
+/// section's.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct PartitionConfig {
     /// The partition's name; its roles are `{name}:partition-{i}`.
+    #[serde(with = "value::role_name")]
     pub name: RoleName,
     /// Number of roles, 1 to 65536.
+    #[serde(deserialize_with = "roles::count")]
     pub count: u32,
-    /// Timings of every role of the partition.
-    pub lease: LeaseTimings,
+    /// How long a term lasts in the store without renewal.
+    #[serde(default, with = "value::duration")]
+    pub duration: Duration,
+    /// How often the holder renews.
+    #[serde(default, with = "value::duration")]
+    pub renew_interval: Duration,
+    /// How much earlier than expiry the holder stops trusting its term.
+    #[serde(default, with = "value::duration")]
+    pub safety_margin: Duration,
     /// Spread the roles over the live candidates (default true).
+    #[serde(default = "roles::yes")]
     pub balance: bool,
     /// How long membership must be stable before surplus roles are handed
     /// over (default 2 × `renew_interval`).
+    #[serde(default, with = "value::duration")]
     pub rebalance_delay: Duration,
     /// How long a balance move waits for the local work under a role before
-    /// ending it and releasing the role (default `renew_interval`).
+    /// ending it and releasing the role (default `renew_interval`, at most
+    /// an hour).
+    #[serde(default, with = "roles::handover_drain")]
     pub handover_drain: Duration,
 }
 
-/// A resolved, validated configuration.
-#[derive(Debug, Clone, PartialEq, Eq)]
+impl PartitionConfig {
+    /// The timings of every role of the partition.
+    pub fn lease(&self) -> LeaseTimings {
+        LeaseTimings {
+            duration: self.duration,
+            renew_interval: self.renew_interval,
+            safety_margin: self.safety_margin,
+        }
+    }
+}
+
+/// A resolved, validated configuration, read from the file with the same
+/// shape (each field's serde attributes say how its value is read and
+/// written).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Config {
     /// Who this gateway is.
+    #[serde(default)]
     pub instance: InstanceConfig,
     /// Public listener address.
+    #[serde(default = "instance::listen", with = "value::socket")]
     pub listen: SocketAddr,
     /// Admin listener address (health, metrics, `/leases`).
+    #[serde(default = "instance::admin_listen", with = "value::socket")]
     pub admin_listen: SocketAddr,
     /// The app behind the gateway; none for a forward-only gateway.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamConfig>,
     /// Where the leases live.
+    #[serde(default)]
     pub store: StoreConfig,
     /// Default lease timings.
+    #[serde(default)]
     pub lease: LeaseTimings,
     /// Declared roles.
+    #[serde(default)]
     pub roles: Vec<RoleConfig>,
     /// Declared partitions.
+    #[serde(default)]
     pub partitions: Vec<PartitionConfig>,
     /// Gated routes.
+    #[serde(default)]
     pub routes: Vec<RouteConfig>,
     /// Forwarding and request rules.
+    #[serde(default)]
     pub proxy: ProxyConfig,
     /// Graceful stop.
+    #[serde(default)]
     pub shutdown: ShutdownConfig,
     /// TLS on the public listener; plain TCP when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
     /// TLS between gateways (cluster CA, mutual TLS).
+    #[serde(default)]
     pub peers: PeersConfig,
 }
 
@@ -249,6 +489,12 @@ impl Config {
     /// commands that only talk to the store (`status`, `check-config
     /// --connect`), from any machine that can reach it.
     pub fn load_store(path: &Path) -> Result<StoreConfig, ConfigError> {
+        /// The file with every section but `store` read as any YAML.
+        #[derive(Deserialize)]
+        struct StoreOnly {
+            #[serde(default)]
+            store: StoreConfig,
+        }
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
             file: file.clone(),
@@ -257,17 +503,11 @@ impl Config {
             message: format!("cannot read the file: {e}"),
         })?;
         let env = |name: &str| std::env::var(name).ok();
-        let raw = Self::parse_raw(&text, &file)?;
-        Resolver {
-            file: &file,
-            env: &env,
-            built: StoreKind::is_built,
-        }
-        .store(raw.store.as_ref())
-    }
-
-    fn parse_raw(text: &str, file: &str) -> Result<file::File, ConfigError> {
-        file::parse(text, file)
+        let built = |name: &str| StoreKind::from_name(name).is_some_and(StoreKind::is_built);
+        let context = value::Context::new(&text, &env, built);
+        let mut only: StoreOnly = value::with_context(context, || file::parse(&text, &file))?;
+        Checker::new(&text, &file).store(&mut only.store)?;
+        Ok(only.store)
     }
 
     /// Parses YAML text; `file` names it in errors; `env` answers `${VAR}`.
@@ -286,8 +526,11 @@ impl Config {
         env: &dyn Fn(&str) -> Option<String>,
         built: fn(StoreKind) -> bool,
     ) -> Result<Config, ConfigError> {
-        let raw = Self::parse_raw(text, file)?;
-        Resolver { file, env, built }.resolve(raw)
+        let built = move |name: &str| StoreKind::from_name(name).is_some_and(built);
+        let context = value::Context::new(text, env, built);
+        let mut config: Config = value::with_context(context, || file::parse(text, file))?;
+        Checker::new(text, file).config(&mut config)?;
+        Ok(config)
     }
 
     /// A coordinator builder with this config's instance name, roles and
@@ -309,7 +552,7 @@ impl Config {
             .iter()
             .map(|r| RoleSpec {
                 name: r.name.clone(),
-                timings: r.lease,
+                timings: r.lease(),
             })
             .collect()
     }
@@ -321,7 +564,7 @@ impl Config {
             .map(|p| PartitionSpec {
                 name: p.name.clone(),
                 count: p.count,
-                timings: p.lease,
+                timings: p.lease(),
                 balance: p.balance.then_some(p.rebalance_delay),
                 handover_drain: Some(p.handover_drain),
                 scopes: self.partition_scopes(&p.name),
@@ -334,10 +577,8 @@ impl Config {
     pub fn partition_scopes(&self, name: &RoleName) -> Vec<Option<String>> {
         self.routes
             .iter()
-            .filter_map(|r| match &r.target {
-                RouteTarget::Partition { name: n, scope, .. } if n == name => Some(scope.clone()),
-                _ => None,
-            })
+            .filter(|r| r.partition.as_ref() == Some(name))
+            .map(|r| r.scope.clone())
             .collect()
     }
 
@@ -349,11 +590,12 @@ impl Config {
         let fold = self.proxy.case_insensitive_paths;
         let mut routes = std::collections::BTreeMap::new();
         for r in &self.routes {
-            let owner = match &r.target {
-                RouteTarget::Role(role) => format!("role {role}"),
-                RouteTarget::Partition { name, scope, key } => {
+            let owner = match r.target() {
+                Some(RouteTarget::Role(role)) => format!("role {role}"),
+                Some(RouteTarget::Partition { name, scope, key }) => {
                     format!("partition {name} key {key:?} scope {scope:?}")
                 }
+                None => continue,
             };
             let hash = xxhash_rust::xxh64::xxh64(owner.as_bytes(), 0);
             for prefix in &r.prefixes {
@@ -373,8 +615,8 @@ impl Config {
         let shortest = self
             .roles
             .iter()
-            .map(|r| r.lease.renew_interval)
-            .chain(self.partitions.iter().map(|p| p.lease.renew_interval))
+            .map(|r| r.renew_interval)
+            .chain(self.partitions.iter().map(|p| p.renew_interval))
             .min()
             .unwrap_or(self.lease.renew_interval);
         let ms = shortest.as_millis() as u64;

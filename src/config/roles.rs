@@ -1,10 +1,15 @@
 //! The `roles` and `partitions` sections: names checked once (as
-//! [`RoleName`]s), declared once, generated partition roles included.
+//! [`RoleName`]s), declared once, generated partition roles included, and
+//! the timings each takes from the `lease` section.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
-use super::file::{self, Text};
-use super::resolve::{line_of, Resolver, RoleNames};
+use serde::de::Error as _;
+use serde::Deserializer;
+
+use super::resolve::Checker;
+use super::value;
 use super::{ConfigError, LeaseTimings, PartitionConfig, RoleConfig};
 use crate::role::{partition_role_name, RoleName, MAX_PARTITION_COUNT};
 
@@ -12,151 +17,127 @@ use crate::role::{partition_role_name, RoleName, MAX_PARTITION_COUNT};
 /// a lease record, a name in memory and a row in every snapshot.
 pub(super) const MAX_ROLES: usize = 262_144;
 
-impl Resolver<'_> {
-    fn role_name(&self, t: &Text, key: &str) -> Result<RoleName, ConfigError> {
-        let name = self.text(t, key)?;
-        RoleName::new(&name).map_err(|e| self.err(Some(&t.referenced), key, e.to_string()))
+/// The longest `partitions[].handover_drain`.
+const MAX_HANDOVER_DRAIN: Duration = Duration::from_secs(3600);
+
+/// `partitions[].count`: 1 to 65536.
+pub(super) fn count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
+    value::count::<D, u32, 1, { MAX_PARTITION_COUNT as u64 }>(d)
+}
+
+/// `partitions[].balance` when unset.
+pub(super) fn yes() -> bool {
+    true
+}
+
+/// `partitions[].handover_drain`: at most an hour.
+pub(super) mod handover_drain {
+    use super::*;
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let v = value::duration::deserialize(d)?;
+        if v > MAX_HANDOVER_DRAIN {
+            return Err(D::Error::custom(
+                "must be at most 1h (the moving role has no admitting holder meanwhile)",
+            ));
+        }
+        Ok(v)
+    }
+    pub(crate) use value::duration::serialize;
+}
+
+impl Checker {
+    /// The timings of `at` (`roles[3]`): each one the file leaves out is
+    /// the `lease` section's.
+    fn timings(
+        &self,
+        at: &str,
+        lease: LeaseTimings,
+        mut own: LeaseTimings,
+    ) -> Result<LeaseTimings, ConfigError> {
+        let set = |key: &str| self.keys.has(&format!("{at}.{key}"));
+        if !set("duration") {
+            own.duration = lease.duration;
+        }
+        if !set("renew_interval") {
+            own.renew_interval = lease.renew_interval;
+        }
+        if !set("safety_margin") {
+            own.safety_margin = lease.safety_margin;
+        }
+        let line_at = ["duration", "renew_interval", "safety_margin"]
+            .into_iter()
+            .map(|k| format!("{at}.{k}"))
+            .find(|k| self.keys.has(k))
+            .unwrap_or_else(|| format!("{at}.name"));
+        own.check()
+            .map_err(|e| self.err_at(&line_at, at, e.to_string()))?;
+        Ok(own)
     }
 
     pub(super) fn roles(
         &self,
-        raw: &[file::Role],
+        roles: &mut [RoleConfig],
+        partitions: &mut [PartitionConfig],
         lease: LeaseTimings,
-        names: &mut RoleNames,
-    ) -> Result<Vec<RoleConfig>, ConfigError> {
-        let mut roles = Vec::new();
-        for (i, r) in raw.iter().enumerate() {
+    ) -> Result<(), ConfigError> {
+        // Every role name so far, declared or generated, with the key that
+        // brought it.
+        let mut names: HashMap<String, String> = HashMap::new();
+        for (i, r) in roles.iter_mut().enumerate() {
             let key = format!("roles[{i}].name");
-            let name = self.role_name(&r.name, &key)?;
-            if names
-                .0
-                .insert(name.to_string(), Some(r.name.referenced))
-                .is_some()
-            {
-                return Err(self.err(
-                    Some(&r.name.referenced),
-                    &key,
-                    format!("role `{name}` is declared twice"),
-                ));
+            if names.insert(r.name.to_string(), key.clone()).is_some() {
+                return Err(self.err(&key, format!("role `{}` is declared twice", r.name)));
             }
-            let timings = self.timings(
-                lease,
-                &r.duration,
-                &r.renew_interval,
-                &r.safety_margin,
-                &format!("roles[{i}]"),
-                Some(&r.name.referenced),
-            )?;
-            roles.push(RoleConfig {
-                name,
-                lease: timings,
-            });
+            let t = self.timings(&format!("roles[{i}]"), lease, r.lease())?;
+            (r.duration, r.renew_interval, r.safety_margin) =
+                (t.duration, t.renew_interval, t.safety_margin);
         }
-        Ok(roles)
-    }
-
-    pub(super) fn partitions(
-        &self,
-        raw: &[file::Partition],
-        lease: LeaseTimings,
-        names: &mut RoleNames,
-    ) -> Result<Vec<PartitionConfig>, ConfigError> {
-        let mut partitions = Vec::new();
         let mut partition_names = HashSet::new();
-        for (i, p) in raw.iter().enumerate() {
+        for (i, p) in partitions.iter_mut().enumerate() {
             let key = format!("partitions[{i}].name");
-            let name = self.role_name(&p.name, &key)?;
-            if !partition_names.insert(name.clone()) {
-                return Err(self.err(
-                    Some(&p.name.referenced),
-                    &key,
-                    format!("partition `{name}` is declared twice"),
-                ));
+            if !partition_names.insert(p.name.clone()) {
+                return Err(self.err(&key, format!("partition `{}` is declared twice", p.name)));
             }
-            let count = self.partition_count(p, i)?;
-            if names.0.len() + count as usize > MAX_ROLES {
+            if names.len() + p.count as usize > MAX_ROLES {
                 return Err(self.err(
-                    Some(&p.count.referenced),
                     &format!("partitions[{i}].count"),
                     format!("brings the roles of this file past {MAX_ROLES} (roles and partition roles together)"),
                 ));
             }
-            self.generated_roles(p, &name, count, &key, names)?;
-            let timings = self.timings(
-                lease,
-                &p.duration,
-                &p.renew_interval,
-                &p.safety_margin,
-                &format!("partitions[{i}]"),
-                Some(&p.name.referenced),
-            )?;
-            let rebalance_delay = self.duration(
-                &p.rebalance_delay,
-                &format!("partitions[{i}].rebalance_delay"),
-                timings.renew_interval * 2,
-            )?;
-            let handover_drain = self.duration(
-                &p.handover_drain,
-                &format!("partitions[{i}].handover_drain"),
-                timings.renew_interval,
-            )?;
-            if handover_drain > std::time::Duration::from_secs(3600) {
-                return Err(self.err(
-                    p.handover_drain.as_ref().map(|t| &t.referenced),
-                    &format!("partitions[{i}].handover_drain"),
-                    "must be at most 1h (the moving role has no admitting holder meanwhile)",
-                ));
+            self.generated_roles(&p.name, p.count, &key, &mut names)?;
+            let t = self.timings(&format!("partitions[{i}]"), lease, p.lease())?;
+            (p.duration, p.renew_interval, p.safety_margin) =
+                (t.duration, t.renew_interval, t.safety_margin);
+            if !self.keys.has(&format!("partitions[{i}].rebalance_delay")) {
+                p.rebalance_delay = t.renew_interval * 2;
             }
-            partitions.push(PartitionConfig {
-                name,
-                count,
-                lease: timings,
-                balance: p.balance.unwrap_or(true),
-                rebalance_delay,
-                handover_drain,
-            });
+            if !self.keys.has(&format!("partitions[{i}].handover_drain")) {
+                p.handover_drain = t.renew_interval;
+            }
         }
-        Ok(partitions)
-    }
-
-    fn partition_count(&self, p: &file::Partition, i: usize) -> Result<u32, ConfigError> {
-        let count = p.count.value;
-        if count == 0 || count > u64::from(MAX_PARTITION_COUNT) {
-            return Err(self.err(
-                Some(&p.count.referenced),
-                &format!("partitions[{i}].count"),
-                format!("must be between 1 and {MAX_PARTITION_COUNT}, got {count}"),
-            ));
-        }
-        Ok(count as u32)
+        Ok(())
     }
 
     /// Generated names are checked (length, collisions) before anything starts.
     fn generated_roles(
         &self,
-        p: &file::Partition,
         name: &RoleName,
         count: u32,
         key: &str,
-        names: &mut RoleNames,
+        names: &mut HashMap<String, String>,
     ) -> Result<(), ConfigError> {
         let longest = partition_role_name(name, count - 1);
-        RoleName::new(&longest).map_err(|e| {
-            self.err(
-                Some(&p.name.referenced),
-                key,
-                format!("generated role `{longest}`: {e}"),
-            )
-        })?;
+        RoleName::new(&longest)
+            .map_err(|e| self.err(key, format!("generated role `{longest}`: {e}")))?;
         for idx in 0..count {
             let generated = partition_role_name(name, idx);
-            if let Some(prev) = names.0.insert(generated.clone(), Some(p.name.referenced)) {
-                let at = prev
-                    .and_then(|l| line_of(&l))
+            if let Some(prev) = names.insert(generated.clone(), key.to_string()) {
+                let at = self
+                    .keys
+                    .line(&prev)
                     .map(|l| format!(" (line {l})"))
                     .unwrap_or_default();
                 return Err(self.err(
-                    Some(&p.name.referenced),
                     key,
                     format!("generated role `{generated}` is already declared{at}"),
                 ));

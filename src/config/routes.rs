@@ -1,190 +1,185 @@
-//! The `routes` section: prefixes, targets and partition keys.
+//! The `routes` section: how a partition key's source is read, and the
+//! checks that tie each route to a declared role or partition.
 
 use std::collections::HashMap;
 
-use super::file::{self, Location};
-use super::resolve::Resolver;
-use super::{ConfigError, KeySource, PartitionConfig, RoleConfig, RouteConfig, RouteTarget};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-impl Resolver<'_> {
-    pub(super) fn routes(
-        &self,
-        raw: &[file::Route],
-        roles: &[RoleConfig],
-        partitions: &[PartitionConfig],
-        fold_case: bool,
-    ) -> Result<Vec<RouteConfig>, ConfigError> {
+use super::resolve::Checker;
+use super::value;
+use super::{Config, ConfigError, KeySource};
+
+/// `routes[].role` and `routes[].partition`.
+pub(super) mod opt_name {
+    use super::*;
+    use crate::role::RoleName;
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<RoleName>, D::Error> {
+        value::opt_text::deserialize(d)?
+            .map(|n| RoleName::new(&n).map_err(D::Error::custom))
+            .transpose()
+    }
+    pub(crate) fn serialize<S: Serializer>(v: &Option<RoleName>, s: S) -> Result<S::Ok, S::Error> {
+        v.as_ref()
+            .map(|n| n.as_str().replace('$', "$$"))
+            .serialize(s)
+    }
+}
+
+/// `key.header`: a header name the app sees as the client sent it.
+pub(super) mod key_header {
+    use super::*;
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        let Some(name) = value::opt_text::deserialize(d)? else {
+            return Ok(None);
+        };
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(D::Error::custom(format!(
+                "`{name}` is not a valid header name"
+            )));
+        }
+        let lower = name.to_ascii_lowercase();
+        if !crate::proxy::headers::usable_key_header(&lower) {
+            return Err(D::Error::custom(format!(
+                "`{name}` cannot be a key: the gateway removes or rewrites it (hop-by-hop, forwarding, Host, X-Rolegate-*, or a name with `_`)"
+            )));
+        }
+        Ok(Some(lower))
+    }
+    pub(crate) use value::opt_text::serialize;
+}
+
+/// `key.query`: a parameter name, not empty.
+pub(super) mod key_query {
+    use super::*;
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+        let Some(name) = value::opt_text::deserialize(d)? else {
+            return Ok(None);
+        };
+        if name.is_empty() {
+            return Err(D::Error::custom("must not be empty"));
+        }
+        Ok(Some(name))
+    }
+    pub(crate) use value::opt_text::serialize;
+}
+
+/// `key.path_segment`: a segment number from 1 to 1024, or `last`.
+pub(super) mod segment {
+    use super::*;
+
+    #[derive(Deserialize, Serialize)]
+    #[serde(untagged)]
+    enum Index {
+        Number(u64),
+        Word(String),
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<KeySource>, D::Error> {
+        match Option::<Index>::deserialize(d)? {
+            None => Ok(None),
+            Some(Index::Number(n)) if (1..=1024).contains(&n) => {
+                Ok(Some(KeySource::PathSegment(n as usize)))
+            }
+            Some(Index::Word(w)) if w == "last" => Ok(Some(KeySource::PathSegmentLast)),
+            _ => Err(D::Error::custom(
+                "must be a segment number from 1 (the first segment after the leading /) or `last`",
+            )),
+        }
+    }
+
+    pub(crate) fn serialize<S: Serializer>(v: &Option<KeySource>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(KeySource::PathSegment(n)) => Index::Number(*n as u64).serialize(s),
+            Some(KeySource::PathSegmentLast) => Index::Word("last".into()).serialize(s),
+            _ => s.serialize_none(),
+        }
+    }
+}
+
+impl Checker {
+    /// Each route's prefixes (two that canonicalize alike are refused) and
+    /// what owns them.
+    pub(super) fn routes(&self, c: &Config) -> Result<(), ConfigError> {
+        let fold_case = c.proxy.case_insensitive_paths;
         let mut claimed: HashMap<String, usize> = HashMap::new();
-        let mut out = Vec::new();
-        for (i, r) in raw.iter().enumerate() {
+        for (i, r) in c.routes.iter().enumerate() {
             let at = format!("routes[{i}]");
-            let route_loc = Some(&r.prefixes.referenced);
-            if r.prefixes.value.is_empty() {
-                return Err(self.err(
-                    route_loc,
-                    &format!("{at}.prefixes"),
-                    "needs at least one prefix",
-                ));
+            if r.prefixes.is_empty() {
+                return Err(self.err(&format!("{at}.prefixes"), "needs at least one prefix"));
             }
-            let prefixes = self.route_prefixes(r, i, &at, fold_case, &mut claimed)?;
-            let target = self.route_target(r, &at, roles, partitions)?;
-            out.push(RouteConfig { prefixes, target });
+            for (j, p) in r.prefixes.iter().enumerate() {
+                let key = format!("{at}.prefixes[{j}]");
+                let normal = crate::proxy::routes::canonical_prefix(p, fold_case)
+                    .map_err(|e| self.err(&key, e.to_string()))?;
+                if let Some(prev) = claimed.insert(normal.clone(), i) {
+                    return Err(self.err(
+                        &key,
+                        format!("prefix `{p}` is `{normal}` once canonicalized, already claimed by routes[{prev}]"),
+                    ));
+                }
+            }
+            self.route_target(c, i)?;
         }
-        Ok(out)
+        Ok(())
     }
 
-    /// The prefixes of `routes[i]`, kept as written (the route table
-    /// canonicalizes them, once); two that canonicalize alike are refused.
-    fn route_prefixes(
-        &self,
-        r: &file::Route,
-        i: usize,
-        at: &str,
-        fold_case: bool,
-        claimed: &mut HashMap<String, usize>,
-    ) -> Result<Vec<String>, ConfigError> {
-        let mut prefixes = Vec::new();
-        for (j, p) in r.prefixes.value.iter().enumerate() {
-            let key = format!("{at}.prefixes[{j}]");
-            let s = self.text(p, &key)?;
-            let normal = crate::proxy::routes::canonical_prefix(&s, fold_case)
-                .map_err(|e| self.err(Some(&p.referenced), &key, e.to_string()))?;
-            if let Some(prev) = claimed.insert(normal.clone(), i) {
-                return Err(self.err(
-                    Some(&p.referenced),
-                    &key,
-                    format!("prefix `{s}` is `{normal}` once canonicalized, already claimed by routes[{prev}]"),
-                ));
-            }
-            prefixes.push(s);
-        }
-        Ok(prefixes)
-    }
-
-    fn route_target(
-        &self,
-        r: &file::Route,
-        at: &str,
-        roles: &[RoleConfig],
-        partitions: &[PartitionConfig],
-    ) -> Result<RouteTarget, ConfigError> {
-        let route_loc = Some(&r.prefixes.referenced);
+    fn route_target(&self, c: &Config, i: usize) -> Result<(), ConfigError> {
+        let r = &c.routes[i];
+        let at = format!("routes[{i}]");
+        let key = |k: &str| format!("{at}.{k}");
         match (&r.role, &r.partition) {
-            (Some(_), Some(p)) => Err(self.err(
-                Some(&p.referenced),
-                at,
+            (Some(_), Some(_)) => Err(self.err_at(
+                &key("partition"),
+                &at,
                 "names both a role and a partition; choose one",
             )),
-            (None, None) => Err(self.err(route_loc, at, "names neither `role` nor `partition`")),
+            (None, None) => Err(self.err_at(
+                &key("prefixes"),
+                &at,
+                "names neither `role` nor `partition`",
+            )),
             (Some(role), None) => {
-                let name = self.text(role, &format!("{at}.role"))?;
-                let Some(declared) = roles.iter().find(|x| x.name.as_str() == name) else {
+                if !c.roles.iter().any(|x| &x.name == role) {
                     return Err(self.err(
-                        Some(&role.referenced),
-                        &format!("{at}.role"),
-                        format!("role `{name}` is not declared under `roles`"),
-                    ));
-                };
-                if let Some(k) = &r.key {
-                    return Err(self.err(
-                        Some(&k.referenced),
-                        &format!("{at}.key"),
-                        "only partition routes take a key",
+                        &key("role"),
+                        format!("role `{role}` is not declared under `roles`"),
                     ));
                 }
-                if let Some(s) = &r.scope {
-                    return Err(self.err(
-                        Some(&s.referenced),
-                        &format!("{at}.scope"),
-                        "only partition routes take a scope",
-                    ));
+                if r.key.is_some() {
+                    return Err(self.err(&key("key"), "only partition routes take a key"));
                 }
-                Ok(RouteTarget::Role(declared.name.clone()))
+                if r.scope.is_some() {
+                    return Err(self.err(&key("scope"), "only partition routes take a scope"));
+                }
+                Ok(())
             }
             (None, Some(part)) => {
-                let name = self.text(part, &format!("{at}.partition"))?;
-                let Some(declared) = partitions.iter().find(|x| x.name.as_str() == name) else {
+                if !c.partitions.iter().any(|x| &x.name == part) {
                     return Err(self.err(
-                        Some(&part.referenced),
-                        &format!("{at}.partition"),
-                        format!("partition `{name}` is not declared under `partitions`"),
+                        &key("partition"),
+                        format!("partition `{part}` is not declared under `partitions`"),
                     ));
-                };
-                let scope = self.opt_text(&r.scope, &format!("{at}.scope"))?;
-                let Some(key) = &r.key else {
-                    return Err(self.err(
-                        Some(&part.referenced),
-                        &format!("{at}.key"),
+                }
+                let Some(k) = &r.key else {
+                    return Err(self.err_at(
+                        &key("partition"),
+                        &key("key"),
                         "a partition route needs `key: {header: NAME}`, `{query: NAME}` or `{path_segment: N|last}`",
                     ));
                 };
-                let key = self.key(&key.value, &key.referenced, &format!("{at}.key"))?;
-                Ok(RouteTarget::Partition {
-                    name: declared.name.clone(),
-                    scope,
-                    key,
-                })
+                if k.source().is_none() {
+                    return Err(self.err(
+                        &key("key"),
+                        "needs exactly one of `header`, `query`, `path_segment`",
+                    ));
+                }
+                Ok(())
             }
-        }
-    }
-
-    fn key(&self, k: &file::Key, loc: &Location, at: &str) -> Result<KeySource, ConfigError> {
-        let set =
-            k.header.is_some() as u8 + k.query.is_some() as u8 + k.path_segment.is_some() as u8;
-        if set != 1 {
-            return Err(self.err(
-                Some(loc),
-                at,
-                "needs exactly one of `header`, `query`, `path_segment`",
-            ));
-        }
-        if let Some(h) = &k.header {
-            let name = self.text(h, &format!("{at}.header"))?;
-            http::HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
-                self.err(
-                    Some(&h.referenced),
-                    &format!("{at}.header"),
-                    format!("`{name}` is not a valid header name"),
-                )
-            })?;
-            let lower = name.to_ascii_lowercase();
-            if !crate::proxy::headers::usable_key_header(&lower) {
-                return Err(self.err(
-                    Some(&h.referenced),
-                    &format!("{at}.header"),
-                    format!("`{name}` cannot be a key: the gateway removes or rewrites it (hop-by-hop, forwarding, Host, X-Rolegate-*, or a name with `_`)"),
-                ));
-            }
-            return Ok(KeySource::Header(lower));
-        }
-        if let Some(q) = &k.query {
-            let name = self.text(q, &format!("{at}.query"))?;
-            if name.is_empty() {
-                return Err(self.err(
-                    Some(&q.referenced),
-                    &format!("{at}.query"),
-                    "must not be empty",
-                ));
-            }
-            return Ok(KeySource::Query(name));
-        }
-        let Some(seg) = k.path_segment.as_ref() else {
-            return Err(self.err(
-                Some(loc),
-                at,
-                "needs exactly one of `header`, `query`, `path_segment`",
-            ));
-        };
-        match &seg.value {
-            file::SegmentIndex::Number(n) if *n >= 1 && *n <= 1024 => {
-                Ok(KeySource::PathSegment(*n as usize))
-            }
-            file::SegmentIndex::Word(w) if w == "last" => Ok(KeySource::PathSegmentLast),
-            _ => Err(self.err(
-                Some(&seg.referenced),
-                &format!("{at}.path_segment"),
-                "must be a segment number from 1 (the first segment after the leading /) or `last`",
-            )),
         }
     }
 }

@@ -1,164 +1,52 @@
-//! The `store` section.
+//! The `store` section's checks between settings. How its values are read
+//! is with [`StoreConfig`] itself.
 
-use std::path::PathBuf;
+use super::resolve::Checker;
+use super::{ConfigError, StoreConfig, StoreKind};
+use crate::store::check_tls_rules;
+use crate::store::config::DEFAULT_SQLITE_URL;
 
-use super::file::{self, Spanned, Text};
-use super::resolve::Resolver;
-use super::{ConfigError, StoreConfig, StoreKind, DEFAULT_TABLE};
-use crate::store::{check_table_name, check_tls_rules, ClientCertFiles, StoreTls};
-
-/// The store when the file names none, or names `sqlite` without a URL.
-const DEFAULT_SQLITE_URL: &str = "sqlite://rolegate.db";
-
-impl Resolver<'_> {
-    pub(super) fn store(&self, raw: Option<&file::Store>) -> Result<StoreConfig, ConfigError> {
-        let Some(raw) = raw else {
-            return Ok(StoreConfig {
-                kind: StoreKind::Sqlite,
-                url: DEFAULT_SQLITE_URL.into(),
-                migrate: true,
-                table: DEFAULT_TABLE.into(),
-                username: None,
-                password: None,
-                tls: None,
-            });
-        };
-        let kind = self.store_kind(raw.kind.as_ref())?;
-        let url = match &raw.url {
-            Some(t) => self.text(t, "store.url")?,
-            None => match kind {
+impl Checker {
+    /// Fills the URL a kind has by default, and refuses what cannot work
+    /// together.
+    pub(super) fn store(&self, s: &mut StoreConfig) -> Result<(), ConfigError> {
+        if s.url.is_empty() && !self.keys.has("store.url") {
+            s.url = match s.kind {
                 StoreKind::Memory => "memory://".into(),
                 StoreKind::Sqlite => DEFAULT_SQLITE_URL.into(),
-                _ => {
-                    return Err(self.err(
-                        raw.kind.as_ref().map(|k| &k.referenced),
+                kind => {
+                    return Err(self.err_at(
+                        "store.kind",
                         "store.url",
                         format!("store.url is required for store.kind {}", kind.as_str()),
                     ))
                 }
-            },
-        };
-        if let Err(why) = check_scheme(kind, &url) {
-            return Err(self.err(raw.url.as_ref().map(|t| &t.referenced), "store.url", why));
+            };
         }
-        let table = match &raw.table {
-            Some(t) => {
-                let s = self.text(t, "store.table")?;
-                if check_table_name(&s).is_err() {
-                    return Err(self.err(
-                        Some(&t.referenced),
-                        "store.table",
-                        "must be 1-63 characters of [a-z0-9_], not starting with a digit",
-                    ));
-                }
-                s
-            }
-            None => DEFAULT_TABLE.into(),
-        };
-        let username = self.opt_text(&raw.username, "store.username")?;
-        let password = self.opt_text(&raw.password, "store.password")?;
-        if username.is_some() != password.is_some() {
-            let at = raw
-                .username
-                .as_ref()
-                .or(raw.password.as_ref())
-                .map(|t| &t.referenced);
-            return Err(self.err(at, "store.username", "username and password go together"));
+        if let Err(why) = check_scheme(s.kind, &s.url) {
+            return Err(self.err("store.url", why));
         }
-        if username.is_some() && kind != StoreKind::Etcd {
+        if s.username.is_some() != s.password.is_some() {
+            let at = match self.keys.has("store.username") {
+                true => "store.username",
+                false => "store.password",
+            };
+            return Err(self.err_at(at, "store.username", "username and password go together"));
+        }
+        if s.username.is_some() && s.kind != StoreKind::Etcd {
             return Err(self.err(
-                raw.username.as_ref().map(|t| &t.referenced),
                 "store.username",
                 "only the etcd store takes username/password (put credentials in store.url for the others)",
             ));
         }
-        let tls = self.store_tls(raw.tls.as_ref())?;
-        let at = raw.tls.as_ref().map(|t| &t.referenced);
-        if let Err(e) = check_tls_rules(kind, &url, tls.as_ref()) {
+        if let Err(e) = check_tls_rules(s.kind, &s.url, s.tls.as_ref()) {
             let at = match e.field() {
-                "store.tls" => at,
-                _ => raw.url.as_ref().map(|t| &t.referenced),
+                "store.tls" => "store.tls",
+                _ => "store.url",
             };
-            return Err(self.err(at, e.field(), e.to_string()));
+            return Err(self.err_at(at, e.field(), e.to_string()));
         }
-        Ok(StoreConfig {
-            kind,
-            url,
-            migrate: raw.migrate.unwrap_or(true),
-            table,
-            username,
-            password,
-            tls,
-        })
-    }
-
-    /// `store.tls`: a CA file and an optional client certificate with its key.
-    fn store_tls(
-        &self,
-        raw: Option<&Spanned<file::StoreTls>>,
-    ) -> Result<Option<StoreTls>, ConfigError> {
-        let Some(raw) = raw else {
-            return Ok(None);
-        };
-        let path = |t: &Option<Text>, key| {
-            self.opt_text(t, key)
-                .map(|p| p.filter(|p| !p.is_empty()).map(PathBuf::from))
-        };
-        let ca_file = path(&raw.value.ca_file, "store.tls.ca_file")?;
-        let cert_file = path(&raw.value.cert_file, "store.tls.cert_file")?;
-        let key_file = path(&raw.value.key_file, "store.tls.key_file")?;
-        let client_cert = match (cert_file, key_file) {
-            (Some(cert_file), Some(key_file)) => Some(ClientCertFiles {
-                cert_file,
-                key_file,
-            }),
-            (None, None) => None,
-            (cert, _) => {
-                let (key, other) = match cert {
-                    Some(_) => ("store.tls.cert_file", "key_file"),
-                    None => ("store.tls.key_file", "cert_file"),
-                };
-                let set = raw.value.cert_file.as_ref().or(raw.value.key_file.as_ref());
-                return Err(self.err(
-                    set.map(|t| &t.referenced).or(Some(&raw.referenced)),
-                    key,
-                    format!("cert_file and key_file go together: set {other} too"),
-                ));
-            }
-        };
-        Ok(Some(StoreTls {
-            ca_file,
-            client_cert,
-        }))
-    }
-
-    fn store_kind(&self, raw: Option<&Text>) -> Result<StoreKind, ConfigError> {
-        let Some(t) = raw else {
-            return Ok(StoreKind::Sqlite);
-        };
-        let kind = match self.text(t, "store.kind")?.as_str() {
-            "memory" => StoreKind::Memory,
-            "sqlite" => StoreKind::Sqlite,
-            "postgres" | "postgresql" => StoreKind::Postgres,
-            "redis" => StoreKind::Redis,
-            "etcd" => StoreKind::Etcd,
-            other => {
-                return Err(self.err(
-                    Some(&t.referenced),
-                    "store.kind",
-                    format!("unknown store `{other}`; use sqlite, postgres, redis, etcd or memory"),
-                ))
-            }
-        };
-        if !(self.built)(kind) {
-            let name = kind.as_str();
-            return Err(self.err(
-                Some(&t.referenced),
-                "store.kind",
-                format!("store `{name}` is not built into this binary; rebuild with `cargo install --features {name}`"),
-            ));
-        }
-        Ok(kind)
+        Ok(())
     }
 }
 

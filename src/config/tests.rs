@@ -162,8 +162,8 @@ fn timing_rule_is_enforced_globally_and_per_role() {
         .contains("safety_margin"));
     assert!(refused("lease:\n  duration: 2d\n").message.contains("24h"));
     let c = parse("roles:\n  - name: a\n    duration: 30s\n    renew_interval: 10s\n").unwrap();
-    assert_eq!(c.roles[0].lease.duration, Duration::from_secs(30));
-    assert_eq!(c.roles[0].lease.safety_margin, Duration::from_secs(2));
+    assert_eq!(c.roles[0].duration, Duration::from_secs(30));
+    assert_eq!(c.roles[0].safety_margin, Duration::from_secs(2));
 }
 
 #[test]
@@ -208,7 +208,7 @@ fn keys_parse_in_all_forms() {
     let keys: Vec<_> = c
         .routes
         .iter()
-        .map(|r| match &r.target {
+        .map(|r| match &r.target().unwrap() {
             RouteTarget::Partition { key, .. } => key.clone(),
             _ => panic!(),
         })
@@ -471,13 +471,14 @@ fn store_tls_is_refused_where_it_would_not_be_used() {
 
 #[test]
 fn a_client_certificate_without_its_key_is_refused() {
-    for (tls, key) in [
-        ("  tls:\n    cert_file: /c.pem\n", "store.tls.cert_file"),
-        ("  tls:\n    key_file: /k.pem\n", "store.tls.key_file"),
+    for (tls, missing) in [
+        ("  tls:\n    cert_file: /c.pem\n", "set key_file too"),
+        ("  tls:\n    key_file: /k.pem\n", "set cert_file too"),
     ] {
         let e = parse_any_store(&store_yaml("redis", "rediss://cache:6380", tls)).unwrap_err();
-        assert_eq!(e.key, key, "{e}");
+        assert_eq!(e.key, "store.tls", "{e}");
         assert!(e.message.contains("go together"), "{e}");
+        assert!(e.message.contains(missing), "{e}");
     }
 }
 
@@ -596,4 +597,61 @@ fn hold_timeout_and_handover_drain_are_bounded() {
         refused("partitions:\n  - name: p\n    count: 2\n    handover_drain: 2h\n").key,
         "partitions[0].handover_drain"
     );
+}
+
+#[test]
+fn a_default_taken_from_another_key_follows_it_unless_the_key_is_set() {
+    let c = parse(
+        "lease:\n  duration: 30s\n  renew_interval: 4s\nroles:\n  - name: a\n    safety_margin: 3s\n  - name: b\n    duration: 0s\n    renew_interval: 1s\n    safety_margin: 0s\npartitions:\n  - name: p\n    count: 2\n    renew_interval: 3s\nproxy:\n  max_connections: 7\n",
+    );
+    // `b` sets an impossible zero duration on purpose: a key that is set is
+    // never replaced by the inherited value.
+    let e = c.unwrap_err();
+    assert_eq!((e.key.as_str(), e.line), ("roles[1]", Some(8)), "{e}");
+    let c = parse(
+        "lease:\n  duration: 30s\n  renew_interval: 4s\nroles:\n  - name: a\n    safety_margin: 3s\npartitions:\n  - name: p\n    count: 2\n    renew_interval: 3s\n  - name: q\n    count: 1\n    rebalance_delay: 1s\n    handover_drain: 2s\nproxy:\n  max_connections: 7\n",
+    )
+    .unwrap();
+    let a = &c.roles[0];
+    assert_eq!(
+        (a.duration, a.renew_interval, a.safety_margin),
+        (
+            Duration::from_secs(30),
+            Duration::from_secs(4),
+            Duration::from_secs(3)
+        )
+    );
+    let p = &c.partitions[0];
+    assert_eq!(p.duration, Duration::from_secs(30));
+    assert_eq!(
+        p.rebalance_delay,
+        Duration::from_secs(6),
+        "2 × its renew_interval"
+    );
+    assert_eq!(
+        p.handover_drain,
+        Duration::from_secs(3),
+        "its renew_interval"
+    );
+    let q = &c.partitions[1];
+    assert_eq!(
+        (q.rebalance_delay, q.handover_drain),
+        (Duration::from_secs(1), Duration::from_secs(2))
+    );
+    assert_eq!(c.proxy.max_held, 7, "max_held follows max_connections");
+    let c = parse("proxy:\n  max_connections: 7\n  max_held: 0\n").unwrap();
+    assert_eq!(c.proxy.max_held, 0, "a max_held that is set stays");
+}
+
+#[test]
+fn the_key_table_knows_every_key_and_its_line() {
+    let keys = super::file::Locations::read(
+        "proxy:\n  max_held: 5\nroutes:\n  - prefixes: [/a, /b]\n    key: {header: x}\n1: odd\n",
+    );
+    assert_eq!(keys.line("proxy.max_held"), Some(2));
+    assert_eq!(keys.line("routes[0].prefixes[1]"), Some(4));
+    assert_eq!(keys.line("routes[0].key.header"), Some(5));
+    assert!(keys.has("routes[0].key") && keys.has("1"));
+    assert!(!keys.has("proxy.max_connections"));
+    assert!(!super::file::Locations::read(": : [").has("proxy"));
 }

@@ -50,18 +50,23 @@ impl GatewayState {
     ) -> Result<Self, GatewayError> {
         let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
         for r in &config.routes {
-            let target = match &r.target {
+            // A read config has a target on every route; one built by hand
+            // without one is refused, never left ungated.
+            let target = r
+                .target()
+                .ok_or_else(|| GatewayError::NotRegistered(r.prefixes.join(", ")))?;
+            let target = match target {
                 RouteTarget::Role(name) => GateTarget::Role(
                     coordinator
-                        .role(name)
+                        .role(&name)
                         .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
                 ),
                 RouteTarget::Partition { name, scope, key } => GateTarget::Partition {
                     partition: coordinator
-                        .partition(name)
+                        .partition(&name)
                         .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
                     scope: scope.as_deref().map(Arc::from),
-                    key: KeyExtractor::from_source(key),
+                    key: KeyExtractor::from_source(&key),
                 },
             };
             routes.add(&r.prefixes, Arc::new(target));

@@ -5,15 +5,20 @@ use std::time::Duration;
 /// Longest lease duration accepted, so deadline arithmetic never overflows.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
-/// Lease timings: a default for all roles, overridable per role or partition.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Lease timings: a default for all roles, overridable per role or
+/// partition (the config file's `lease` section).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct LeaseTimings {
     /// How long a term lasts in the store without renewal.
+    #[serde(with = "crate::value::duration")]
     pub duration: Duration,
     /// How often the holder renews (and others retry).
+    #[serde(with = "crate::value::duration")]
     pub renew_interval: Duration,
     /// How much earlier than the store's expiry the holder stops trusting
     /// its term (absorbs clock drift and delays).
+    #[serde(with = "crate::value::duration")]
     pub safety_margin: Duration,
 }
 

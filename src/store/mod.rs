@@ -5,7 +5,7 @@
 //! release, register), each one round trip whatever the number of roles, and
 //! offers a change feed that wakes contenders when a term changes.
 
-mod config;
+pub(crate) mod config;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
