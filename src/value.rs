@@ -42,9 +42,17 @@ impl Context {
         let mut rest = text;
         while let Some(at) = rest.find("${") {
             rest = &rest[at + 2..];
-            if let Some(end) = rest.find('}') {
-                let name = &rest[..end];
-                vars.entry(name.to_string()).or_insert_with(|| env(name));
+            // Only a well-formed name is looked up: at most the file's size
+            // in names, however many `${` it has.
+            let len = rest
+                .bytes()
+                .take_while(|b| b.is_ascii_alphanumeric() || *b == b'_')
+                .count();
+            if len > 0 && rest.as_bytes().get(len) == Some(&b'}') {
+                let name = &rest[..len];
+                if !vars.contains_key(name) {
+                    vars.insert(name.to_string(), env(name));
+                }
             }
         }
         Self {
@@ -88,7 +96,33 @@ fn expand<E: serde::de::Error>(s: &str) -> Result<String, E> {
 
 /// A string with `${VAR}` expanded.
 pub(crate) fn read_text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    expand(&String::deserialize(d)?)
+    match Option::<String>::deserialize(d)? {
+        Some(s) => expand(&s),
+        None => Err(D::Error::custom(
+            "has no value: give it one, or remove the key for its default",
+        )),
+    }
+}
+
+/// A list; an empty key is refused like any value left empty.
+pub(crate) fn list<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<Vec<T>>::deserialize(d)?.ok_or_else(|| {
+        D::Error::custom("has no value: give it one, or remove the key for its default")
+    })
+}
+
+/// A section (`proxy:`, `store:`) that may be left empty: an empty one is
+/// all defaults.
+pub(crate) fn section<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
 }
 
 /// An optional string with `${VAR}` expanded (a key left empty is unset).
@@ -130,10 +164,7 @@ pub(crate) mod opt_text {
 pub(crate) mod texts {
     use super::*;
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|s| expand(s))
-            .collect()
+        list::<D, String>(d)?.iter().map(|s| expand(s)).collect()
     }
     pub(crate) fn serialize<S: Serializer>(v: &[String], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v.iter().map(|v| written(v)))
@@ -190,7 +221,11 @@ where
     D: Deserializer<'de>,
     T: TryFrom<u64>,
 {
-    let n = u64::deserialize(d)?;
+    let Some(n) = Option::<u64>::deserialize(d)? else {
+        return Err(D::Error::custom(
+            "has no value: give it one, or remove the key for its default",
+        ));
+    };
     if n < MIN || n > MAX {
         return Err(D::Error::custom(format!(
             "must be between {MIN} and {MAX}, got {n}"

@@ -37,7 +37,8 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
         .start()
         .unwrap();
     // One handler for every route: who ran it, under which lease (if any),
-    // and whether any X-Rolegate-* header reached the app.
+    // whether any X-Rolegate-* header reached the app, and whether a
+    // client's forged forwarding field did.
     let who = name.to_string();
     let handler = move |lease: Option<Extension<HeldLease>>, headers: http::HeaderMap| {
         let who = who.clone();
@@ -50,7 +51,18 @@ async fn app(store: Arc<dyn LeaseStore>, name: &str) -> (Coordinator, u16) {
                     || k.as_str() == "upgrade"
                     || k.as_str() == "http2-settings"
             });
-            format!("{who}{lease}{}", if leaked { " leaked" } else { "" })
+            let forged = ["x-forwarded-host", "x-forwarded-for", "x-real-ip"]
+                .iter()
+                .any(|k| {
+                    headers.get(*k).is_some_and(|v| {
+                        v.as_bytes().starts_with(b"203.0.113.66") || v == "evil.example"
+                    })
+                });
+            format!(
+                "{who}{lease}{}{}",
+                if leaked { " leaked" } else { "" },
+                if forged { " forged" } else { "" }
+            )
         }
     };
     // Answers 101 to anyone, completing no handshake (an endpoint whose
@@ -158,6 +170,22 @@ async fn layers_run_work_at_the_holder_and_forward_from_elsewhere() {
             !String::from_utf8_lossy(&body).contains("leaked"),
             "{path}: {body:?}"
         );
+    }
+    // A client's forwarding fields: kept for the app a layer wraps (its
+    // own server decides whom to trust), never carried to a peer on an
+    // untrusted client's word.
+    for (port, kept) in [(pa, true), (pb, false)] {
+        let req = Request::get(format!("http://127.0.0.1:{port}/reports/run"))
+            .header("x-forwarded-for", "203.0.113.66")
+            .header("x-forwarded-host", "evil.example")
+            .header("x-real-ip", "203.0.113.66")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, body) = cluster::request(req).await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        let body = String::from_utf8_lossy(&body);
+        assert!(body.starts_with("a reports "), "{body}");
+        assert_eq!(body.ends_with(" forged"), kept, "via port {port}: {body}");
     }
     // `if_registered` for an unregistered role installs nothing.
     let (status, _, body) = cluster::get(&format!("http://127.0.0.1:{pb}/other"))

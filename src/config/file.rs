@@ -7,7 +7,6 @@
 //! unknown field's name, its location), and a streaming deserializer that
 //! `serde_path_to_error` can wrap for the dotted path.
 
-use std::collections::HashMap;
 use std::fmt;
 
 use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
@@ -76,53 +75,75 @@ pub(super) fn render<T: Serialize>(value: &T) -> String {
 /// Where each key of a file is, by its dotted path (`proxy.max_held`,
 /// `routes[1].key`): the lines of the refusals that involve several
 /// settings, and whether a key whose default depends on another was set.
-/// It is read from the YAML tree alone, so no key needs an entry here.
-#[derive(Default)]
-pub(super) struct Locations(HashMap<String, u64>);
+/// It is the file's YAML tree with each value's line, looked up by path,
+/// so no key needs an entry here.
+pub(super) struct Locations(Spanned<Tree>);
 
 impl Locations {
-    /// Where the keys of `text` are (none, if it is not YAML).
-    pub(super) fn read(text: &str) -> Self {
-        let mut out = HashMap::new();
-        if let Ok(tree) = serde_saphyr::from_str::<Spanned<Tree>>(text) {
-            walk(String::new(), tree, &mut out);
+    /// Where the keys of `text` are. A file the typed read accepted is
+    /// YAML, and the tree takes any value (`.inf` and `.nan` included), so
+    /// this should not fail; if it does, the resolver refuses the file
+    /// rather than guess which keys it sets.
+    pub(super) fn read(text: &str, file: &str) -> Result<Self, ConfigError> {
+        let mut options = serde_saphyr::Options::default();
+        options.with_snippet = false;
+        options.non_finite_float_policy = serde_saphyr::NonFiniteFloatPolicy::PassThrough;
+        serde_saphyr::from_str_with_options::<Option<Spanned<Tree>>>(text, options)
+            .map(|tree| {
+                Locations(tree.unwrap_or_else(|| {
+                    Spanned::new(
+                        Tree::Leaf,
+                        serde_saphyr::Location::UNKNOWN,
+                        serde_saphyr::Location::UNKNOWN,
+                    )
+                }))
+            })
+            .map_err(|e| ConfigError {
+                file: file.to_string(),
+                line: e.location().map(|l| l.line()).filter(|l| *l > 0),
+                key: String::new(),
+                message: format!(
+                    "cannot tell which keys the file sets ({}); quote the value",
+                    serde_saphyr::DefaultMessageFormatter.format_message(&e)
+                ),
+            })
+    }
+
+    /// The node at `key`: map keys joined by `.`, list items as `[i]`.
+    fn find(&self, key: &str) -> Option<&Spanned<Tree>> {
+        let mut node = &self.0;
+        for part in key.split('.') {
+            let (name, indexes) = match part.find('[') {
+                Some(at) => (&part[..at], &part[at..]),
+                None => (part, ""),
+            };
+            if !name.is_empty() {
+                let Tree::Map(entries) = &node.value else {
+                    return None;
+                };
+                node = &entries.iter().find(|(k, _)| k == name)?.1;
+            }
+            for index in indexes.split('[').skip(1) {
+                let i: usize = index.strip_suffix(']')?.parse().ok()?;
+                let Tree::Seq(items) = &node.value else {
+                    return None;
+                };
+                node = items.get(i)?;
+            }
         }
-        Locations(out)
+        Some(node)
     }
 
     /// The 1-based line of `key`'s value.
     pub(super) fn line(&self, key: &str) -> Option<u64> {
-        self.0.get(key).copied().filter(|l| *l > 0)
+        self.find(key)
+            .map(|n| n.referenced.line())
+            .filter(|l| *l > 0)
     }
 
     /// Whether the file sets `key`.
     pub(super) fn has(&self, key: &str) -> bool {
-        self.0.contains_key(key)
-    }
-}
-
-fn walk(path: String, node: Spanned<Tree>, out: &mut HashMap<String, u64>) {
-    let line = node.referenced.line();
-    match node.value {
-        Tree::Map(entries) => {
-            for (key, value) in entries {
-                let child = if path.is_empty() {
-                    key
-                } else {
-                    format!("{path}.{key}")
-                };
-                walk(child, value, out);
-            }
-        }
-        Tree::Seq(items) => {
-            for (i, value) in items.into_iter().enumerate() {
-                walk(format!("{path}[{i}]"), value, out);
-            }
-        }
-        Tree::Leaf => {}
-    }
-    if !path.is_empty() {
-        out.insert(path, line);
+        self.find(key).is_some()
     }
 }
 

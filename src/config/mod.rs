@@ -181,6 +181,7 @@ pub struct ProxyConfig {
     #[serde(deserialize_with = "value::count::<_, usize, 0, 1_000_000>")]
     pub max_held: usize,
     /// HTTP/2 on the public listener.
+    #[serde(deserialize_with = "value::section")]
     pub http2: Http2Config,
 }
 
@@ -430,7 +431,7 @@ impl PartitionConfig {
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Who this gateway is.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub instance: InstanceConfig,
     /// Public listener address.
     #[serde(default = "instance::listen", with = "value::socket")]
@@ -442,31 +443,31 @@ pub struct Config {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream: Option<UpstreamConfig>,
     /// Where the leases live.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub store: StoreConfig,
     /// Default lease timings.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub lease: LeaseTimings,
     /// Declared roles.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub roles: Vec<RoleConfig>,
     /// Declared partitions.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub partitions: Vec<PartitionConfig>,
     /// Gated routes.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub routes: Vec<RouteConfig>,
     /// Forwarding and request rules.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub proxy: ProxyConfig,
     /// Graceful stop.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub shutdown: ShutdownConfig,
     /// TLS on the public listener; plain TCP when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
     /// TLS between gateways (cluster CA, mutual TLS).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "value::section")]
     pub peers: PeersConfig,
 }
 
@@ -506,7 +507,7 @@ impl Config {
         let built = |name: &str| StoreKind::from_name(name).is_some_and(StoreKind::is_built);
         let context = value::Context::new(&text, &env, built);
         let mut only: StoreOnly = value::with_context(context, || file::parse(&text, &file))?;
-        Checker::new(&text, &file).store(&mut only.store)?;
+        Checker::new(&text, &file)?.store(&mut only.store)?;
         Ok(only.store)
     }
 
@@ -529,7 +530,7 @@ impl Config {
         let built = move |name: &str| StoreKind::from_name(name).is_some_and(built);
         let context = value::Context::new(text, env, built);
         let mut config: Config = value::with_context(context, || file::parse(text, file))?;
-        Checker::new(text, file).config(&mut config)?;
+        Checker::new(text, file)?.config(&mut config)?;
         Ok(config)
     }
 

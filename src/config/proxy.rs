@@ -69,7 +69,7 @@ pub(super) mod upgrades {
                 Ok(Upgrade(name))
             }
         }
-        Ok(Vec::<Upgrade>::deserialize(d)?
+        Ok(value::list::<D, Upgrade>(d)?
             .into_iter()
             .map(|u| u.0)
             .collect())
@@ -93,10 +93,7 @@ pub(super) mod cidrs {
                     .map_err(D::Error::custom)
             }
         }
-        Ok(Vec::<One>::deserialize(d)?
-            .into_iter()
-            .map(|c| c.0)
-            .collect())
+        Ok(value::list::<D, One>(d)?.into_iter().map(|c| c.0).collect())
     }
     pub(crate) fn serialize<S: Serializer>(v: &[Cidr], s: S) -> Result<S::Ok, S::Error> {
         s.collect_seq(v.iter().map(|c| c.to_string()))

@@ -15,11 +15,11 @@ pub(super) struct Checker {
 }
 
 impl Checker {
-    pub(super) fn new(text: &str, file: &str) -> Self {
-        Self {
+    pub(super) fn new(text: &str, file: &str) -> Result<Self, ConfigError> {
+        Ok(Self {
             file: file.to_string(),
-            keys: Locations::read(text),
-        }
+            keys: Locations::read(text, file)?,
+        })
     }
 
     /// A refusal of `key`, at its line.

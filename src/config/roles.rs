@@ -20,6 +20,9 @@ pub(super) const MAX_ROLES: usize = 262_144;
 /// The longest `partitions[].handover_drain`.
 const MAX_HANDOVER_DRAIN: Duration = Duration::from_secs(3600);
 
+const DRAIN_TOO_LONG: &str =
+    "must be at most 1h (the moving role has no admitting holder meanwhile)";
+
 /// `partitions[].count`: 1 to 65536.
 pub(super) fn count<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
     value::count::<D, u32, 1, { MAX_PARTITION_COUNT as u64 }>(d)
@@ -36,9 +39,7 @@ pub(super) mod handover_drain {
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let v = value::duration::deserialize(d)?;
         if v > MAX_HANDOVER_DRAIN {
-            return Err(D::Error::custom(
-                "must be at most 1h (the moving role has no admitting holder meanwhile)",
-            ));
+            return Err(D::Error::custom(DRAIN_TOO_LONG));
         }
         Ok(v)
     }
@@ -111,8 +112,17 @@ impl Checker {
             if !self.keys.has(&format!("partitions[{i}].rebalance_delay")) {
                 p.rebalance_delay = t.renew_interval * 2;
             }
-            if !self.keys.has(&format!("partitions[{i}].handover_drain")) {
+            let drain = format!("partitions[{i}].handover_drain");
+            if !self.keys.has(&drain) {
                 p.handover_drain = t.renew_interval;
+                // The default too: `--print` writes it, and must read back.
+                if p.handover_drain > MAX_HANDOVER_DRAIN {
+                    let at = match self.keys.has(&format!("partitions[{i}].renew_interval")) {
+                        true => format!("partitions[{i}].renew_interval"),
+                        false => format!("partitions[{i}].name"),
+                    };
+                    return Err(self.err_at(&at, &drain, DRAIN_TOO_LONG));
+                }
             }
         }
         Ok(())

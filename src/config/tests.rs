@@ -647,11 +647,71 @@ fn a_default_taken_from_another_key_follows_it_unless_the_key_is_set() {
 fn the_key_table_knows_every_key_and_its_line() {
     let keys = super::file::Locations::read(
         "proxy:\n  max_held: 5\nroutes:\n  - prefixes: [/a, /b]\n    key: {header: x}\n1: odd\n",
-    );
+        "t.yaml",
+    )
+    .unwrap();
     assert_eq!(keys.line("proxy.max_held"), Some(2));
     assert_eq!(keys.line("routes[0].prefixes[1]"), Some(4));
     assert_eq!(keys.line("routes[0].key.header"), Some(5));
     assert!(keys.has("routes[0].key") && keys.has("1"));
     assert!(!keys.has("proxy.max_connections"));
-    assert!(!super::file::Locations::read(": : [").has("proxy"));
+    assert!(super::file::Locations::read(": : [", "t.yaml").is_err());
+    assert!(!super::file::Locations::read("", "t.yaml")
+        .unwrap()
+        .has("proxy"));
+}
+
+#[test]
+fn a_handover_drain_taken_from_renew_interval_is_bounded_too() {
+    let e = refused(
+        "partitions:\n  - name: p\n    count: 2\n    duration: 5h\n    renew_interval: 2h\n",
+    );
+    assert_eq!(
+        (e.key.as_str(), e.line),
+        ("partitions[0].handover_drain", Some(5)),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_section_is_its_defaults_and_an_empty_value_is_refused_plainly() {
+    let c = parse("store:\nproxy:\n  http2:\nroles:\n").unwrap();
+    assert_eq!(c.store, StoreConfig::default());
+    assert_eq!(c.proxy, ProxyConfig::default());
+    assert!(c.roles.is_empty());
+    for (text, key) in [
+        ("listen:\n", "listen"),
+        ("proxy:\n  connect_timeout:\n", "proxy.connect_timeout"),
+        ("proxy:\n  max_connections:\n", "proxy.max_connections"),
+        ("proxy:\n  upgrades: ~\n", "proxy.upgrades"),
+    ] {
+        let e = refused(text);
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.message.contains("has no value"), "{e}");
+    }
+}
+
+#[test]
+fn variable_names_are_looked_up_only_when_well_formed() {
+    let asked = std::cell::Cell::new(0usize);
+    let env = |name: &str| {
+        asked.set(asked.get() + name.len());
+        None
+    };
+    // Thousands of `${` with one `}` at the end: no name is looked up, where
+    // taking every `${...}` span as a name would look up megabytes of them.
+    let text = format!("# {}}}\nlisten: 0.0.0.0:1\n", "${".repeat(5000));
+    assert!(Config::parse(&text, "t.yaml", &env).is_ok());
+    assert_eq!(asked.get(), 0);
+}
+
+#[test]
+fn a_value_only_a_declared_type_reads_does_not_hide_the_keys_set() {
+    // `.inf` is a float to an untyped reader, text to the name's.
+    let c = parse(
+        "instance: {name: .inf}\nroles: [{name: b, duration: 60s, renew_interval: 20s, safety_margin: 5s}]\nproxy: {max_held: 0}\n",
+    )
+    .unwrap();
+    assert_eq!(c.roles[0].duration, Duration::from_secs(60));
+    assert_eq!(c.proxy.max_held, 0);
 }

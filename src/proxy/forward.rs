@@ -654,9 +654,10 @@ pub fn prepare_headers(req: &mut Request<Body>, hop: HopContext<'_>) {
 }
 
 /// The second half of [`prepare_headers`], for a request whose fields were
-/// already sanitized with the same verdict (a gated request: the gate
-/// sanitizes before it settles, and a held request gets its sanitized fields
-/// back for each attempt).
+/// already sanitized (a gated request: the gate sanitizes before it
+/// settles, and a held request gets its sanitized fields back for each
+/// attempt). The gateway's gate judged the forwarding fields as a hop does;
+/// a layer's kept them, so its hop to a peer judges them again first.
 pub fn add_forwarding_fields(
     req: &mut Request<Body>,
     client: Option<SocketAddr>,

@@ -509,13 +509,20 @@ impl GateSettings {
     }
 
     /// One hop to `address`, as prepared for a peer: the gate sanitized
-    /// the request's fields before it settled.
+    /// the request's fields before it settled (for a layer, keeping the
+    /// forwarding fields, which are judged again here).
     async fn forward_raw(
         &self,
         mut req: Request<Body>,
         client: Option<SocketAddr>,
         address: &str,
     ) -> Result<Response<Body>, ForwardError> {
+        // The gate sanitized the fields; a layer kept the client's
+        // forwarding fields for its own app, which a peer must not take on
+        // an untrusted client's word.
+        if !self.trusts(&req, client) {
+            super::headers::strip_untrusted_forwarding(req.headers_mut());
+        }
         add_forwarding_fields(&mut req, client, &self.instance_id, true);
         let path = req
             .uri()
