@@ -73,18 +73,14 @@ pub struct PeersConfig {
 /// `peers.protocol`: `http1` or `h2`.
 mod peer_protocol {
     use crate::protocol::HopProtocol;
-    use serde::{Deserializer, Serialize, Serializer};
+    use serde::{Deserializer, Serializer};
     const WORDS: &[(&str, HopProtocol)] =
         &[("http1", HopProtocol::Http1), ("h2", HopProtocol::Http2)];
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HopProtocol, D::Error> {
         crate::value::word(d, WORDS, "a protocol")
     }
     pub(crate) fn serialize<S: Serializer>(v: &HopProtocol, s: S) -> Result<S::Ok, S::Error> {
-        WORDS
-            .iter()
-            .find(|(_, p)| p == v)
-            .map(|(w, _)| *w)
-            .serialize(s)
+        crate::value::write_word(v, WORDS, s)
     }
 }
 

@@ -359,6 +359,19 @@ pub(crate) fn word<'de, D: Deserializer<'de>, T: Copy>(
     })
 }
 
+/// The word that stands for `v` in `words`, as [`word`] reads it.
+pub(crate) fn write_word<S: Serializer, T: PartialEq>(
+    v: &T,
+    words: &[(&str, T)],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    words
+        .iter()
+        .find(|(_, w)| w == v)
+        .map(|(w, _)| *w)
+        .serialize(s)
+}
+
 /// A role or partition name.
 pub(crate) mod role_name {
     use super::*;

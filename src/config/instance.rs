@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use serde::de::Error as _;
-use serde::{Deserializer, Serialize, Serializer};
+use serde::{Deserializer, Serializer};
 
 use super::resolve::Checker;
 use super::value;
@@ -104,10 +104,6 @@ pub(super) mod upstream_protocol {
         value::word(d, WORDS, "a protocol")
     }
     pub(crate) fn serialize<S: Serializer>(v: &HopProtocol, s: S) -> Result<S::Ok, S::Error> {
-        WORDS
-            .iter()
-            .find(|(_, p)| p == v)
-            .map(|(w, _)| *w)
-            .serialize(s)
+        value::write_word(v, WORDS, s)
     }
 }
