@@ -200,6 +200,23 @@ pub(crate) mod duration {
     }
 }
 
+/// A duration whose default comes from another key (a role's timings
+/// from `lease`, a partition's delays from its renew interval): left empty
+/// it is unset like an absent key, and the resolver fills it in; zero
+/// stands in until then.
+pub(crate) mod inherited_duration {
+    use super::*;
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        match read_opt_text(d)? {
+            Some(s) => parse_duration(&s),
+            None => Ok(Duration::ZERO),
+        }
+    }
+    pub(crate) fn serialize<S: Serializer>(v: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        write_duration(*v, s)
+    }
+}
+
 /// A duration greater than zero.
 pub(crate) mod positive {
     use super::*;
@@ -226,6 +243,25 @@ where
             "has no value: give it one, or remove the key for its default",
         ));
     };
+    if n < MIN || n > MAX {
+        return Err(D::Error::custom(format!(
+            "must be between {MIN} and {MAX}, got {n}"
+        )));
+    }
+    T::try_from(n).map_err(|_| D::Error::custom(format!("{n} is too large")))
+}
+
+/// [`count`] for a number whose default comes from another key
+/// (`proxy.max_held`): left empty it is unset like an absent key, and the
+/// resolver fills it in; `MIN` stands in until then.
+pub(crate) fn inherited_count<'de, D, T, const MIN: u64, const MAX: u64>(
+    d: D,
+) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = Option::<u64>::deserialize(d)?.unwrap_or(MIN);
     if n < MIN || n > MAX {
         return Err(D::Error::custom(format!(
             "must be between {MIN} and {MAX}, got {n}"

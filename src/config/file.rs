@@ -141,9 +141,10 @@ impl Locations {
             .filter(|l| *l > 0)
     }
 
-    /// Whether the file sets `key`.
+    /// Whether the file sets `key` to a value (a key left empty does not).
     pub(super) fn has(&self, key: &str) -> bool {
-        self.find(key).is_some()
+        self.find(key)
+            .is_some_and(|n| !matches!(n.value, Tree::Null))
     }
 }
 
@@ -152,6 +153,9 @@ enum Tree {
     Map(Vec<(String, Spanned<Tree>)>),
     Seq(Vec<Spanned<Tree>>),
     Leaf,
+    /// A key left empty (`max_held:`, `~`, `null`): set to nothing, which
+    /// reads as unset.
+    Null,
 }
 
 impl<'de> Deserialize<'de> for Tree {
@@ -231,10 +235,10 @@ impl<'de> Visitor<'de> for TreeVisitor {
         Ok(Tree::Leaf)
     }
     fn visit_unit<E>(self) -> Result<Tree, E> {
-        Ok(Tree::Leaf)
+        Ok(Tree::Null)
     }
     fn visit_none<E>(self) -> Result<Tree, E> {
-        Ok(Tree::Leaf)
+        Ok(Tree::Null)
     }
     fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Tree, D::Error> {
         d.deserialize_any(TreeVisitor)

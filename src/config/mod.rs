@@ -178,7 +178,7 @@ pub struct ProxyConfig {
     pub hold_timeout: Duration,
     /// Requests held at once; beyond it, 503 at once (0 to 1,000,000;
     /// default `max_connections`).
-    #[serde(deserialize_with = "value::count::<_, usize, 0, 1_000_000>")]
+    #[serde(deserialize_with = "value::inherited_count::<_, usize, 0, 1_000_000>")]
     pub max_held: usize,
     /// HTTP/2 on the public listener.
     #[serde(deserialize_with = "value::section")]
@@ -358,13 +358,13 @@ pub struct RoleConfig {
     #[serde(with = "value::role_name")]
     pub name: RoleName,
     /// How long a term lasts in the store without renewal.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub duration: Duration,
     /// How often the holder renews.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub renew_interval: Duration,
     /// How much earlier than expiry the holder stops trusting its term.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub safety_margin: Duration,
 }
 
@@ -391,20 +391,20 @@ pub struct PartitionConfig {
     #[serde(deserialize_with = "roles::count")]
     pub count: u32,
     /// How long a term lasts in the store without renewal.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub duration: Duration,
     /// How often the holder renews.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub renew_interval: Duration,
     /// How much earlier than expiry the holder stops trusting its term.
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub safety_margin: Duration,
     /// Spread the roles over the live candidates (default true).
     #[serde(default = "roles::yes")]
     pub balance: bool,
     /// How long membership must be stable before surplus roles are handed
     /// over (default 2 × `renew_interval`).
-    #[serde(default, with = "value::duration")]
+    #[serde(default, with = "value::inherited_duration")]
     pub rebalance_delay: Duration,
     /// How long a balance move waits for the local work under a role before
     /// ending it and releasing the role (default `renew_interval`, at most

@@ -37,13 +37,13 @@ pub(super) fn yes() -> bool {
 pub(super) mod handover_drain {
     use super::*;
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let v = value::duration::deserialize(d)?;
+        let v = value::inherited_duration::deserialize(d)?;
         if v > MAX_HANDOVER_DRAIN {
             return Err(D::Error::custom(DRAIN_TOO_LONG));
         }
         Ok(v)
     }
-    pub(crate) use value::duration::serialize;
+    pub(crate) use value::inherited_duration::serialize;
 }
 
 impl Checker {

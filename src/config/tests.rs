@@ -715,3 +715,20 @@ fn a_value_only_a_declared_type_reads_does_not_hide_the_keys_set() {
     assert_eq!(c.roles[0].duration, Duration::from_secs(60));
     assert_eq!(c.proxy.max_held, 0);
 }
+
+#[test]
+fn an_empty_key_whose_default_depends_on_another_reads_as_unset() {
+    // As the documented example file writes them.
+    let c = parse(
+        "instance:\n  name: null\n  advertise: null\nlease:\n  renew_interval: 4s\nroles:\n  - name: a\n    duration: ~\npartitions:\n  - name: p\n    count: 2\n    handover_drain:\n    rebalance_delay: null\nproxy:\n  retry_after: null\n  max_connections: 7\n  max_held: null\n",
+    )
+    .unwrap();
+    assert_eq!((c.instance.name, c.instance.advertise), (None, None));
+    assert_eq!(c.roles[0].duration, LeaseTimings::default().duration);
+    let p = &c.partitions[0];
+    assert_eq!(
+        (p.handover_drain, p.rebalance_delay),
+        (Duration::from_secs(4), Duration::from_secs(8))
+    );
+    assert_eq!((c.proxy.retry_after, c.proxy.max_held), (None, 7));
+}
