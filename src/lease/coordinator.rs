@@ -58,8 +58,12 @@ pub struct CoordinatorStats {
     pub ticks: u64,
     /// Batched claim calls made.
     pub claim_calls: u64,
-    /// Batched snapshot calls made.
+    /// Reads of the lease records made (full reads and reads of changes).
     pub snapshot_calls: u64,
+    /// Of those, full reads of every role.
+    pub full_reads: u64,
+    /// Lease records those reads returned.
+    pub rows_read: u64,
     /// Batched release calls made.
     pub release_calls: u64,
     /// Store calls that failed or timed out.
@@ -464,6 +468,8 @@ impl Coordinator {
             ticks: c.ticks.load(Ordering::Relaxed),
             claim_calls: c.claim_calls.load(Ordering::Relaxed),
             snapshot_calls: c.snapshot_calls.load(Ordering::Relaxed),
+            full_reads: c.full_reads.load(Ordering::Relaxed),
+            rows_read: c.rows_read.load(Ordering::Relaxed),
             release_calls: c.release_calls.load(Ordering::Relaxed),
             store_errors: c.store_errors.load(Ordering::Relaxed),
             late_responses: c.late_responses.load(Ordering::Relaxed),

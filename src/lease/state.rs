@@ -70,6 +70,8 @@ pub(super) struct Counters {
     pub(super) ticks: AtomicU64,
     pub(super) claim_calls: AtomicU64,
     pub(super) snapshot_calls: AtomicU64,
+    pub(super) full_reads: AtomicU64,
+    pub(super) rows_read: AtomicU64,
     pub(super) release_calls: AtomicU64,
     pub(super) store_errors: AtomicU64,
     pub(super) late_responses: AtomicU64,

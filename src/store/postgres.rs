@@ -13,11 +13,11 @@ use sqlx::postgres::{
 };
 use sqlx::Connection;
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
+use super::sql::{self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
 use super::tls::PgTlsParams;
 use super::{
-    check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
+    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
 };
 
 /// How long the direct connection attempt that explains a pool timeout may take.
@@ -39,6 +39,8 @@ struct Statements {
     release: String,
     snapshot: String,
     snapshot_all: String,
+    changes: String,
+    changes_full: String,
     presence: String,
     leave: String,
     partitions: String,
@@ -64,6 +66,8 @@ impl Statements {
             release: render(include_str!("sql/postgres/release.sql")),
             snapshot: render(include_str!("sql/postgres/snapshot.sql")),
             snapshot_all: render(include_str!("sql/postgres/snapshot_all.sql")),
+            changes: render(include_str!("sql/postgres/changes.sql")),
+            changes_full: render(include_str!("sql/postgres/changes_full.sql")),
             presence: render(include_str!("sql/postgres/presence.sql")),
             leave: render(include_str!("sql/postgres/leave.sql")),
             partitions: render(include_str!("sql/postgres/partitions.sql")),
@@ -247,6 +251,49 @@ impl LeaseStore for PostgresStore {
         .boxed()
     }
 
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        async move {
+            if let Some(since) = since {
+                let query = sqlx::query_as::<_, ChangeRow>(&self.sql.changes)
+                    .bind(since.position as i64)
+                    .bind(millis(horizon));
+                let rows = self.run("snapshot", query.fetch_all(&self.pool)).await?;
+                // Transaction ids never go back, unless the database was
+                // restored or replaced: read everything then.
+                if let Some((next, records)) = sql::changes_from_rows(rows) {
+                    if next >= since.position {
+                        let cursor = Cursor {
+                            epoch: 0,
+                            position: next,
+                        };
+                        return Ok(Changes {
+                            full: false,
+                            records,
+                            cursor,
+                        });
+                    }
+                }
+            }
+            let query = sqlx::query_as::<_, ChangeRow>(&self.sql.changes_full).bind(names(roles));
+            let rows = self.run("snapshot", query.fetch_all(&self.pool)).await?;
+            let (next, records) = sql::changes_from_rows(rows).unwrap_or_default();
+            Ok(Changes {
+                full: true,
+                records,
+                cursor: Cursor {
+                    epoch: 0,
+                    position: next,
+                },
+            })
+        }
+        .boxed()
+    }
+
     fn check_access(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         async move {
             self.snapshot(&[]).await?;
@@ -419,6 +466,8 @@ mod tests {
             &s.release,
             &s.snapshot,
             &s.snapshot_all,
+            &s.changes,
+            &s.changes_full,
             &s.presence,
             &s.leave,
             &s.partitions,

@@ -47,6 +47,43 @@ impl From<LeaseRow> for LeaseRecord {
     }
 }
 
+/// A row of a read of changes: the cursor to read from next, and a lease
+/// row, or none when nothing changed (the statement returns the cursor
+/// alone then).
+#[derive(sqlx::FromRow)]
+pub(super) struct ChangeRow {
+    pub(super) next: i64,
+    role: Option<String>,
+    holder_id: Option<String>,
+    holder_address: Option<String>,
+    token: Option<i64>,
+    remaining_ms: Option<i64>,
+}
+
+impl ChangeRow {
+    /// The lease row, if the row carries one.
+    pub(super) fn record(self) -> Option<LeaseRecord> {
+        Some(LeaseRow {
+            role: self.role?,
+            holder_id: self.holder_id,
+            holder_address: self.holder_address,
+            token: self.token.unwrap_or(0),
+            remaining_ms: self.remaining_ms.unwrap_or(0),
+        })
+        .map(LeaseRecord::from)
+    }
+}
+
+/// The cursor and records of a read of changes: the cursor is the same on
+/// every row. `None` when the statement returned no row at all.
+pub(super) fn changes_from_rows(rows: Vec<ChangeRow>) -> Option<(u64, Vec<LeaseRecord>)> {
+    let next = rows.first()?.next.max(0) as u64;
+    Some((
+        next,
+        rows.into_iter().filter_map(ChangeRow::record).collect(),
+    ))
+}
+
 /// A granted role as the claim statements return it.
 #[derive(sqlx::FromRow)]
 pub(super) struct GrantRow {

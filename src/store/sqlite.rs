@@ -14,10 +14,10 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
+use super::sql::{self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
 use super::{
-    check_table_name, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
+    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
@@ -39,6 +39,9 @@ struct Statements {
     release: String,
     snapshot: String,
     snapshot_all: String,
+    changes: String,
+    changes_full: String,
+    mark: String,
     generation: String,
     presence_write: String,
     presence_prune: String,
@@ -66,6 +69,9 @@ impl Statements {
             release: render(include_str!("sql/sqlite/release.sql")),
             snapshot: render(include_str!("sql/sqlite/snapshot.sql")),
             snapshot_all: render(include_str!("sql/sqlite/snapshot_all.sql")),
+            changes: render(include_str!("sql/sqlite/changes.sql")),
+            changes_full: render(include_str!("sql/sqlite/changes_full.sql")),
+            mark: render(include_str!("sql/sqlite/mark.sql")),
             generation: render(include_str!("sql/sqlite/generation.sql")),
             presence_write: render(include_str!("sql/sqlite/presence_write.sql")),
             presence_prune: render(include_str!("sql/sqlite/presence_prune.sql")),
@@ -177,13 +183,13 @@ impl SqliteStore {
         Ok(rows.into_iter().map(Member::from).collect())
     }
 
-    /// Adds the presence records' `routes` column to a table made before it
-    /// (SQLite has no `ADD COLUMN IF NOT EXISTS`; a concurrent migrate that
-    /// added it first is fine).
-    async fn add_routes_column(&self) -> Result<(), StoreError> {
-        let table = &self.table;
+    /// Adds `column` (declared `decl`) to the table `{table}{suffix}` made
+    /// before it (SQLite has no `ADD COLUMN IF NOT EXISTS`; a concurrent
+    /// migrate that added it first is fine).
+    async fn add_column(&self, suffix: &str, column: &str, decl: &str) -> Result<(), StoreError> {
+        let table = format!("{}{suffix}", self.table);
         let has: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM pragma_table_info('{table}_members') WHERE name = 'routes'"
+            "SELECT count(*) FROM pragma_table_info('{table}') WHERE name = '{column}'"
         ))
         .fetch_one(&self.pool)
         .await
@@ -191,8 +197,7 @@ impl SqliteStore {
         if has > 0 {
             return Ok(());
         }
-        let alter =
-            format!("ALTER TABLE {table}_members ADD COLUMN routes TEXT NOT NULL DEFAULT ''");
+        let alter = format!("ALTER TABLE {table} ADD COLUMN {column} {decl}");
         match sqlx::query(&alter).execute(&self.pool).await {
             Ok(_) => Ok(()),
             Err(sqlx::Error::Database(db)) if db.message().contains("duplicate column") => Ok(()),
@@ -278,7 +283,15 @@ impl LeaseStore for SqliteStore {
                 .execute(&self.pool)
                 .await
                 .map_err(self.error("migrate"))?;
-            self.add_routes_column().await
+            self.add_column("_members", "routes", "TEXT NOT NULL DEFAULT ''")
+                .await?;
+            self.add_column("", "changed", "INTEGER NOT NULL DEFAULT 0")
+                .await?;
+            sqlx::raw_sql(&self.sql.mark)
+                .execute(&self.pool)
+                .await
+                .map_err(self.error("migrate"))?;
+            Ok(())
         }
         .boxed()
     }
@@ -355,6 +368,48 @@ impl LeaseStore for SqliteStore {
                 .await
                 .map_err(self.error("snapshot"))?;
             Ok(rows.into_iter().map(LeaseRecord::from).collect())
+        }
+        .boxed()
+    }
+
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        async move {
+            let cursor = |position| Cursor { epoch: 0, position };
+            if let Some(since) = since {
+                let rows = sqlx::query_as::<_, ChangeRow>(&self.sql.changes)
+                    .bind(since.position as i64)
+                    .bind(millis(horizon))
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(self.error("snapshot"))?;
+                // The generation goes back only with another database file
+                // (restored, replaced): read everything then.
+                if let Some((next, records)) = sql::changes_from_rows(rows) {
+                    if next >= since.position {
+                        return Ok(Changes {
+                            full: false,
+                            records,
+                            cursor: cursor(next),
+                        });
+                    }
+                }
+            }
+            let rows = sqlx::query_as::<_, ChangeRow>(&self.sql.changes_full)
+                .bind(json("snapshot", &roles)?)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(self.error("snapshot"))?;
+            let (next, records) = sql::changes_from_rows(rows).unwrap_or_default();
+            Ok(Changes {
+                full: true,
+                records,
+                cursor: cursor(next),
+            })
         }
         .boxed()
     }
@@ -470,6 +525,9 @@ mod tests {
             &s.release,
             &s.snapshot,
             &s.snapshot_all,
+            &s.changes,
+            &s.changes_full,
+            &s.mark,
             &s.generation,
             &s.partitions,
             &s.partition,

@@ -28,12 +28,17 @@ mod definitions;
 
 use super::state::{Counters, LeaseEvent, LeaseState};
 use crate::role::RoleName;
-use crate::store::StoreError;
+use crate::store::{LeaseRecord, StoreError};
 use crate::telemetry;
 
 /// Smallest gap between two ticks triggered by store notifications, so a burst
 /// of term changes elsewhere costs a handful of ticks, not one per change.
 const NOTICE_COALESCE: Duration = Duration::from_millis(5);
+
+/// Reads of changes between two full reads of every role. A change the
+/// store's history missed (a trigger disabled by hand, a restored backup)
+/// is therefore in the view no later than this many ticks after it.
+pub(crate) const RESYNC_EVERY: u32 = 60;
 
 /// A term that failed closed here (see [`LoopRole::lapsed`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +83,12 @@ pub(super) struct HeartbeatLoop {
     store_ok: bool,
     /// Whether the last snapshot read succeeded (readiness counts from it).
     read_ok: bool,
+    /// Where the next read of changes starts; `None`: read everything.
+    cursor: Option<crate::store::Cursor>,
+    /// Reads of changes since the last full read.
+    since_full: u32,
+    /// A holder missing from a read of changes has at least this long left.
+    horizon: Duration,
     /// When the last store round trip that succeeded was sent (readiness).
     last_ok_sent: Option<Instant>,
     registered: bool,
@@ -108,6 +119,7 @@ impl HeartbeatLoop {
                 lapsed: None,
             })
             .collect();
+        let horizon = change_horizon(&shared);
         Self {
             balance: balance::Balancer::new(&shared),
             definitions: definitions::Definitions::new(&shared),
@@ -117,6 +129,9 @@ impl HeartbeatLoop {
             loaded: false,
             store_ok: false,
             read_ok: false,
+            cursor: None,
+            since_full: 0,
+            horizon,
             last_ok_sent: None,
             registered: false,
             registered_ticks: 0,
@@ -323,6 +338,9 @@ impl HeartbeatLoop {
         self.registered_ticks += 1;
     }
 
+    /// Reads the store's view of every role: everything on the first tick,
+    /// after a failed read and every [`RESYNC_EVERY`] reads, otherwise only
+    /// what changed since the last read.
     async fn read_snapshot(&mut self) {
         let shared = self.shared.clone();
         shared
@@ -330,66 +348,100 @@ impl HeartbeatLoop {
             .snapshot_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
+        let since = self.cursor.filter(|_| self.since_full < RESYNC_EVERY);
         let t_sent = Instant::now();
-        let result =
-            tokio::time::timeout(shared.op_timeout(), shared.store().snapshot(shared.names()))
-                .await;
+        let read = shared.store().changes(shared.names(), since, self.horizon);
+        let result = tokio::time::timeout(shared.op_timeout(), read).await;
         let t_recv = Instant::now();
         Self::record_latency("snapshot", t_sent);
         self.read_ok = matches!(result, Ok(Ok(_)));
-        let records = match result {
-            Ok(Ok(records)) => records,
-            Ok(Err(e)) => return self.store_failed("snapshot", &e),
-            Err(_) => return self.store_failed_msg("snapshot", "timed out"),
+        let changes = match result {
+            Ok(Ok(changes)) => changes,
+            Ok(Err(e)) => {
+                self.cursor = None;
+                return self.store_failed("snapshot", &e);
+            }
+            Err(_) => {
+                self.cursor = None;
+                return self.store_failed_msg("snapshot", "timed out");
+            }
         };
         self.store_ok = true;
         self.store_answered(t_sent);
         self.loaded = true;
-        if records.len() < shared.names().len() {
-            // Rows vanished (a restored or new database): register them again.
-            tracing::warn!(
-                found = records.len(),
-                expected = shared.names().len(),
-                "lease rows missing from the store; registering them again"
-            );
-            self.registered = false;
-        }
-        for rec in records {
-            let Some(i) = shared.index_of(&rec.role) else {
-                continue;
-            };
-            let mine = rec.holder.as_deref() == Some(shared.instance().id.as_str());
-            if let Some(h) = self.roles[i].held {
-                if rec.token != h.token || !mine {
-                    // The store no longer shows our term (a newer term, a release, a
-                    // rollback): it is over, whatever the deadline says.
-                    tracing::warn!(role = %rec.role, token = h.token, store_token = rec.token, "the store no longer shows this instance's term; role lost");
-                    self.end_term(i, TermEndReason::Lost);
+        self.cursor = Some(changes.cursor);
+        if changes.full {
+            shared.counters().full_reads.fetch_add(1, Ordering::Relaxed);
+            self.since_full = 0;
+            if changes.records.len() < shared.names().len() {
+                // Rows vanished (a restored or new database): register them again.
+                tracing::warn!(
+                    found = changes.records.len(),
+                    expected = shared.names().len(),
+                    "lease rows missing from the store; registering them again"
+                );
+                self.registered = false;
+            }
+        } else {
+            self.since_full += 1;
+            // Every holder the read left out has at least the horizon left.
+            let live_until = t_recv + self.horizon;
+            let me = shared.instance_id();
+            for r in &mut self.roles {
+                if r.state.holder.is_some() {
+                    r.state.holder_valid_until =
+                        r.state.holder_valid_until.map(|t| t.max(live_until));
+                    let elsewhere = r.state.holder.as_ref() != Some(me);
+                    if elsewhere && r.held.is_none() && r.free_since.is_none() {
+                        r.next_attempt = r.next_attempt.max(live_until);
+                    }
                 }
             }
-            let r = &mut self.roles[i];
-            if r.lapsed.is_some_and(|l| !mine || rec.token != l.token) {
-                // Another term, or a release: the lapsed one cannot resume.
-                r.lapsed = None;
-            }
-            r.state.holder = rec.holder.as_deref().map(Arc::from);
-            r.state.holder_address = rec.holder_address.as_deref().map(Arc::from);
-            r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
-            let live = rec.holder.is_some() && !rec.remaining.is_zero();
-            r.state.holder_valid_until = live.then(|| t_recv + rec.remaining);
-            r.free_since = if live {
-                None
-            } else {
-                r.free_since.or(Some(t_recv))
-            };
-            r.next_attempt = if live && !mine {
-                // Try again just after the observed expiry: crash takeover lands
-                // right after `duration` instead of a poll later.
-                t_recv + rec.remaining + Duration::from_millis(1)
-            } else {
-                t_recv
-            };
         }
+        shared
+            .counters()
+            .rows_read
+            .fetch_add(changes.records.len() as u64, Ordering::Relaxed);
+        for rec in changes.records {
+            if let Some(i) = shared.index_of(&rec.role) {
+                self.apply_record(i, &rec, t_recv);
+            }
+        }
+    }
+
+    /// Applies what the store says about role `i`, read at `t_recv`.
+    fn apply_record(&mut self, i: usize, rec: &LeaseRecord, t_recv: Instant) {
+        let mine = rec.holder.as_deref() == Some(self.shared.instance().id.as_str());
+        if let Some(h) = self.roles[i].held {
+            if rec.token != h.token || !mine {
+                // The store no longer shows our term (a newer term, a release, a
+                // rollback): it is over, whatever the deadline says.
+                tracing::warn!(role = %rec.role, token = h.token, store_token = rec.token, "the store no longer shows this instance's term; role lost");
+                self.end_term(i, TermEndReason::Lost);
+            }
+        }
+        let r = &mut self.roles[i];
+        if r.lapsed.is_some_and(|l| !mine || rec.token != l.token) {
+            // Another term, or a release: the lapsed one cannot resume.
+            r.lapsed = None;
+        }
+        r.state.holder = rec.holder.as_deref().map(Arc::from);
+        r.state.holder_address = rec.holder_address.as_deref().map(Arc::from);
+        r.state.token = rec.token.max(r.held.map_or(0, |h| h.token));
+        let live = rec.holder.is_some() && !rec.remaining.is_zero();
+        r.state.holder_valid_until = live.then(|| t_recv + rec.remaining);
+        r.free_since = if live {
+            None
+        } else {
+            r.free_since.or(Some(t_recv))
+        };
+        r.next_attempt = if live && !mine {
+            // Try again just after the observed expiry: crash takeover lands
+            // right after `duration` instead of a poll later.
+            t_recv + rec.remaining + Duration::from_millis(1)
+        } else {
+            t_recv
+        };
     }
 
     fn publish(&mut self) {
@@ -581,6 +633,22 @@ impl HeartbeatLoop {
         );
         left
     }
+}
+
+/// How long a holder a read of changes leaves out has left, at least: half
+/// the margin between a role's duration and its renewal interval, for the
+/// role where that is least. A holder renewing on time never comes that
+/// close to its end, so a read of changes names only holders that stopped
+/// renewing; one that did is named before its term ends (or, with a short
+/// margin, at the latest one tick after).
+fn change_horizon(shared: &LeaseState) -> Duration {
+    (0..shared.role_count())
+        .map(|i| {
+            let t = &shared.role(i).timings;
+            t.duration.saturating_sub(t.renew_interval) / 2
+        })
+        .min()
+        .unwrap_or_default()
 }
 
 async fn recv_feed(feed: &mut Option<crate::store::ChangeFeed>) -> Option<()> {

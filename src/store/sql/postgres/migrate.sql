@@ -18,6 +18,16 @@ BEGIN
     RETURN NULL;
 END
 $fn$;
+-- The transaction that last began or ended a term on the row (a 64-bit
+-- transaction id), set by the trigger below: readers of changes ask for the
+-- rows changed by transactions not yet finished when they last read.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS changed bigint NOT NULL DEFAULT 0;
+CREATE OR REPLACE FUNCTION {table}_mark() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    NEW.changed := txid_current();
+    RETURN NEW;
+END
+$fn$;
 DO $do$
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger
@@ -25,6 +35,14 @@ BEGIN
         CREATE TRIGGER {table}_term_change AFTER UPDATE ON {table} FOR EACH ROW
         WHEN (NEW.token IS DISTINCT FROM OLD.token OR NEW.holder_id IS DISTINCT FROM OLD.holder_id)
         EXECUTE FUNCTION {table}_notify();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = '{table}_term_mark' AND tgrelid = '{table}'::regclass) THEN
+        CREATE TRIGGER {table}_term_mark BEFORE UPDATE ON {table} FOR EACH ROW
+        WHEN (NEW.token IS DISTINCT FROM OLD.token OR NEW.holder_id IS DISTINCT FROM OLD.holder_id)
+        EXECUTE FUNCTION {table}_mark();
+        CREATE TRIGGER {table}_insert_mark BEFORE INSERT ON {table} FOR EACH ROW
+        EXECUTE FUNCTION {table}_mark();
     END IF;
 END
 $do$;

@@ -1,5 +1,7 @@
 -- Creates or updates the schema. Every term change bumps the one generation
--- counter in {table}_changes, which subscribers poll.
+-- counter in {table}_changes, which subscribers poll (and the store's
+-- migrate then adds the `changed` column to tables made before it, and the
+-- triggers of mark.sql that set it).
 CREATE TABLE IF NOT EXISTS {table} (
     role            TEXT PRIMARY KEY CHECK (length(CAST(role AS BLOB)) BETWEEN 1 AND 128),
     holder_id       TEXT,
@@ -8,7 +10,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     duration_ms     INTEGER NOT NULL DEFAULT 0,
     acquired_at_ms  INTEGER,
     renewed_at_ms   INTEGER,
-    expires_at_ms   INTEGER NOT NULL DEFAULT 0
+    expires_at_ms   INTEGER NOT NULL DEFAULT 0,
+    changed         INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS {table}_changes (
     id          INTEGER PRIMARY KEY CHECK (id = 1),
