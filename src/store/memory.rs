@@ -2,6 +2,7 @@
 //! Expiry is judged by this process's monotonic clock.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -10,8 +11,8 @@ use futures_util::{stream, FutureExt};
 use tokio::sync::broadcast;
 
 use super::{
-    feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord,
-    RoleName, StoreError,
+    feed, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member,
+    PartitionRecord, RoleName, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ struct Record {
     holder_address: Option<String>,
     token: u64,
     expires_at: Instant,
+    /// The generation of the last change that began or ended a term here.
+    changed: u64,
 }
 
 /// A lease table in memory; clone the `Arc` to share it between coordinators.
@@ -30,6 +33,9 @@ pub struct MemoryStore {
     /// Partition definitions: (definition, epoch, settled at).
     partitions: Mutex<BTreeMap<String, (String, u64, Instant)>>,
     changes: broadcast::Sender<()>,
+    /// Counts the changes that began or ended a term (written under the
+    /// table's lock, so in the order of the changes).
+    generation: AtomicU64,
 }
 
 impl Default for MemoryStore {
@@ -46,6 +52,7 @@ impl MemoryStore {
             members: Mutex::new(BTreeMap::new()),
             partitions: Mutex::new(BTreeMap::new()),
             changes: broadcast::channel(64).0,
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -55,12 +62,18 @@ impl MemoryStore {
         self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn blank(now: Instant) -> Record {
+    /// The next generation; called with the table locked.
+    fn next_generation(&self) -> u64 {
+        self.generation.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn blank(&self, now: Instant) -> Record {
         Record {
             holder: None,
             holder_address: None,
             token: 0,
             expires_at: now,
+            changed: self.next_generation(),
         }
     }
 }
@@ -79,7 +92,7 @@ impl LeaseStore for MemoryStore {
             let now = Instant::now();
             let mut t = self.lock();
             for r in roles {
-                t.entry(r.to_string()).or_insert_with(|| Self::blank(now));
+                t.entry(r.to_string()).or_insert_with(|| self.blank(now));
             }
             Ok(())
         }
@@ -100,7 +113,7 @@ impl LeaseStore for MemoryStore {
                 for c in claims {
                     let rec = t
                         .entry(c.role.to_string())
-                        .or_insert_with(|| Self::blank(now));
+                        .or_insert_with(|| self.blank(now));
                     let live = rec.holder.is_some() && rec.expires_at > now;
                     let mine = rec.holder.as_deref() == Some(instance.id.as_str());
                     if live && (!mine || c.one_shot) {
@@ -108,6 +121,7 @@ impl LeaseStore for MemoryStore {
                     }
                     if !(live && mine && c.held_token == Some(rec.token)) {
                         rec.token += 1;
+                        rec.changed = self.next_generation();
                         changed = true;
                     }
                     rec.holder = Some(instance.id.clone());
@@ -147,6 +161,7 @@ impl LeaseStore for MemoryStore {
                             rec.holder = None;
                             rec.holder_address = None;
                             rec.expires_at = now;
+                            rec.changed = self.next_generation();
                             released.push(role.to_string());
                         }
                     }
@@ -181,6 +196,51 @@ impl LeaseStore for MemoryStore {
                     .iter()
                     .filter_map(|k| t.get(k.as_str()).map(|v| to_record(k, v)))
                     .collect()
+            })
+        }
+        .boxed()
+    }
+
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let t = self.lock();
+            let position = self.generation.load(Ordering::Relaxed);
+            let cursor = Cursor { epoch: 0, position };
+            let Some(since) = since.filter(|c| c.position <= position) else {
+                drop(t);
+                let records = self.snapshot(roles).await?;
+                // The cursor was read first: a change made before the
+                // snapshot below is newer than it, and read again next time.
+                return Ok(Changes {
+                    full: true,
+                    records,
+                    cursor,
+                });
+            };
+            let ending = now + horizon;
+            let records = t
+                .iter()
+                .filter(|(_, r)| {
+                    r.changed > since.position || (r.holder.is_some() && r.expires_at < ending)
+                })
+                .map(|(k, r)| LeaseRecord {
+                    role: k.clone(),
+                    holder: r.holder.clone(),
+                    holder_address: r.holder_address.clone(),
+                    token: r.token,
+                    remaining: r.expires_at.saturating_duration_since(now),
+                })
+                .collect();
+            Ok(Changes {
+                full: false,
+                records,
+                cursor,
             })
         }
         .boxed()

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rolegate::store::{Claim, InstanceInfo, LeaseStore, RoleName};
+use rolegate::store::{Changes, Claim, Cursor, InstanceInfo, LeaseStore, RoleName};
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
 
 /// `for_each_check!(m!(args))` calls `m!(args; check, check, ...)` with the
@@ -33,7 +33,8 @@ macro_rules! for_each_check {
             one_shot_lease_expires_and_the_next_claim_gets_a_greater_token,
             partition_definition_has_one_first_record_and_changes_only_from_its_epoch,
             partition_definition_change_settles_by_the_store_clock_and_wakes_subscribers,
-            presence_carries_each_members_route_fingerprint
+            presence_carries_each_members_route_fingerprint,
+            changes_name_term_changes_and_ending_holders_only
         }
     };
 }
@@ -627,4 +628,92 @@ pub async fn one_shot_lease_expires_and_the_next_claim_gets_a_greater_token(
         next.lease.token
     );
     c.shutdown().await;
+}
+
+/// Reads changes from `since` and returns them with the roles they name, sorted.
+async fn changes_from(
+    store: &dyn LeaseStore,
+    names: &[RoleName],
+    since: Cursor,
+    horizon_ms: u64,
+) -> (Changes, Vec<String>) {
+    let horizon = Duration::from_millis(horizon_ms);
+    let changes = store
+        .changes(names, Some(since), horizon)
+        .await
+        .expect("changes");
+    assert!(
+        !changes.full,
+        "a read from a fresh cursor reads only changes"
+    );
+    let mut named: Vec<String> = changes.records.iter().map(|r| r.role.clone()).collect();
+    named.sort();
+    named.retain(|r| names.iter().any(|n| n.as_str() == r));
+    (changes, named)
+}
+
+pub async fn changes_name_term_changes_and_ending_holders_only(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let names = roles(&["c1", "c2", "c3"]);
+    registered(&store, &["c1", "c2", "c3"]).await;
+    let (a, b) = (instance(1), instance(2));
+    let long = scale.ms(60_000);
+    let t1 = grant(&*store, &a, "c1", None, long).await.unwrap();
+    grant(&*store, &b, "c2", None, long).await.unwrap();
+    let horizon = scale.ms(1_000);
+
+    let first = store
+        .changes(&names, None, Duration::from_millis(horizon))
+        .await
+        .expect("full read");
+    assert!(first.full, "no cursor: a full read");
+    assert_eq!(first.records.len(), 3);
+
+    // A renewal is no change.
+    assert_eq!(grant(&*store, &a, "c1", Some(t1), long).await, Some(t1));
+    let (quiet, named) = changes_from(&*store, &names, first.cursor, horizon).await;
+    assert!(named.is_empty(), "renewals and nothing else: {named:?}");
+
+    // A release and a new term are named, with what they did.
+    store.release(&a, &[(role("c1"), t1)]).await.unwrap();
+    let t3 = grant(&*store, &b, "c3", None, long).await.unwrap();
+    let (moved, named) = changes_from(&*store, &names, quiet.cursor, horizon).await;
+    assert_eq!(named, ["c1", "c3"]);
+    let c1 = moved.records.iter().find(|r| r.role == "c1").unwrap();
+    assert_eq!(c1.holder, None, "released");
+    let c3 = moved.records.iter().find(|r| r.role == "c3").unwrap();
+    assert_eq!((c3.holder.as_deref(), c3.token), (Some(b.id.as_str()), t3));
+    let (again, named) = changes_from(&*store, &names, moved.cursor, horizon).await;
+    assert!(named.is_empty(), "each change is read once: {named:?}");
+
+    // A holder that stops renewing is named by the time its term is over.
+    let short = 600;
+    grant(&*store, &a, "c1", None, scale.ms(short))
+        .await
+        .unwrap();
+    let (begun, _) = changes_from(&*store, &names, again.cursor, horizon).await;
+    scale.past(short).await;
+    let (ending, named) = changes_from(&*store, &names, begun.cursor, horizon).await;
+    let ended = ending
+        .records
+        .iter()
+        .any(|r| r.role == "c1" && (r.holder.is_none() || r.remaining.is_zero()));
+    assert!(ended, "the ended term is named: {named:?}");
+
+    // A cursor the store cannot answer from is answered by a full read.
+    let ahead = Cursor {
+        epoch: begun.cursor.epoch,
+        position: begun.cursor.position + (1 << 40),
+    };
+    let gap = store
+        .changes(&names, Some(ahead), Duration::from_millis(horizon))
+        .await
+        .expect("changes");
+    assert!(
+        gap.full,
+        "a cursor from beyond the store's history reads everything"
+    );
+    assert_eq!(gap.records.len(), 3);
 }
