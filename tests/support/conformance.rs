@@ -688,9 +688,11 @@ pub async fn changes_name_term_changes_and_ending_holders_only(
     let (again, named) = changes_from(&*store, &names, moved.cursor, horizon).await;
     assert!(named.is_empty(), "each change is read once: {named:?}");
 
-    // A holder that stops renewing is named by the time its term is over.
+    // A holder that stops renewing is named by the time its term is over
+    // (a fresh instance: an etcd instance's terms last as long as its
+    // longest role's).
     let short = 600;
-    grant(&*store, &a, "c1", None, scale.ms(short))
+    grant(&*store, &instance(3), "c1", None, scale.ms(short))
         .await
         .unwrap();
     let (begun, _) = changes_from(&*store, &names, again.cursor, horizon).await;

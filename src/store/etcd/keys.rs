@@ -5,12 +5,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+};
 use futures_util::future::join_all;
 
 use super::members::{self, CallError};
-use super::EtcdStore;
-use crate::store::{InstanceInfo, StoreError};
+use super::{EtcdStore, MAX_TXN_OPS};
+use crate::store::{InstanceInfo, LeaseRecord, StoreError};
 
 /// A role key's value.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -66,23 +68,97 @@ impl EtcdStore {
         }
         let mut out = BTreeMap::new();
         for kv in resp.kvs() {
-            let Ok(key) = kv.key_str() else { continue };
-            let Some(role) = key.strip_prefix(&prefix) else {
+            let Some(role) = kv.key_str().ok().and_then(|k| k.strip_prefix(&prefix)) else {
                 continue;
             };
-            let Ok(holder) = serde_json::from_slice::<Holder>(kv.value()) else {
-                continue;
-            };
-            out.insert(
-                role.to_string(),
-                RoleKey {
-                    holder,
-                    token: kv.mod_revision() as u64,
-                    lease: kv.lease(),
-                },
-            );
+            if let Some(key) = Self::role_key(kv) {
+                out.insert(role.to_string(), key);
+            }
         }
         Ok((out, term))
+    }
+
+    /// The role keys of `roles` only (the ones a claim renews or takes),
+    /// in one read-only transaction per [`MAX_TXN_OPS`] roles, and the Raft
+    /// term the reads were answered in (they must agree).
+    pub(super) async fn read_some(
+        &self,
+        roles: &[&str],
+    ) -> Result<(BTreeMap<String, RoleKey>, u64), StoreError> {
+        let reads = roles.chunks(MAX_TXN_OPS).map(|chunk| {
+            let gets: Vec<TxnOp> = (chunk.iter())
+                .map(|r| TxnOp::get(self.lease_key(r), None))
+                .collect();
+            let txn = Txn::new().and_then(gets);
+            self.members.call(move |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+        });
+        let mut out = BTreeMap::new();
+        let mut term = None;
+        let prefix = self.lease_prefix();
+        for resp in join_all(reads).await {
+            let resp = resp.map_err(self.error("read"))?;
+            let answered = resp.header().map_or(0, |h| h.raft_term());
+            if *term.get_or_insert(answered) != answered {
+                return Err(StoreError::unavailable(
+                    format!("etcd at {}: read failed", self.at),
+                    "the reads were answered in two Raft terms; reading again",
+                ));
+            }
+            for op in resp.op_responses() {
+                let TxnOpResponse::Get(get) = op else {
+                    continue;
+                };
+                for kv in get.kvs() {
+                    let Some(role) = kv.key_str().ok().and_then(|k| k.strip_prefix(&prefix)) else {
+                        continue;
+                    };
+                    if let Some(key) = Self::role_key(kv) {
+                        out.insert(role.to_string(), key);
+                    }
+                }
+            }
+        }
+        Ok((out, term.unwrap_or(0)))
+    }
+
+    /// A role key's holder, token and lease, if its value reads as one.
+    pub(super) fn role_key(kv: &KeyValue) -> Option<RoleKey> {
+        let holder = serde_json::from_slice::<Holder>(kv.value()).ok()?;
+        Some(RoleKey {
+            holder,
+            token: kv.mod_revision() as u64,
+            lease: kv.lease(),
+        })
+    }
+
+    /// The record of `role` as its key says (`None`: no key, no holder);
+    /// `legacy` is the lease TTL looked up for a key without one in its value.
+    pub(super) fn record(
+        role: &str,
+        key: Option<&RoleKey>,
+        legacy: Option<Duration>,
+    ) -> LeaseRecord {
+        match key {
+            // The key exists, so its lease was alive when read: the term
+            // runs at most its TTL from then.
+            Some(k) => LeaseRecord {
+                role: role.to_string(),
+                holder: Some(k.holder.holder.clone()),
+                holder_address: Some(k.holder.address.clone()),
+                token: k.token,
+                remaining: super::changes::remaining(k.holder.ttl_ms, legacy),
+            },
+            None => LeaseRecord {
+                role: role.to_string(),
+                holder: None,
+                holder_address: None,
+                token: 0,
+                remaining: Duration::ZERO,
+            },
+        }
     }
 
     /// Begins a new term for `role` in one transaction: puts the key

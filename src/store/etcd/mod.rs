@@ -29,6 +29,7 @@
 //! A one-shot claim puts its key on an etcd lease of its own that is never
 //! kept alive ([`once`]), so the term ends at its TTL.
 
+mod changes;
 mod keepalive;
 mod keys;
 mod members;
@@ -51,8 +52,9 @@ use tokio::sync::Mutex;
 use super::error::{with_sources, BoxError};
 use super::tls::etcd_uses_https;
 use super::{
-    check_table_name, check_tls_rules, feed, ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord,
-    LeaseStore, Member, PartitionRecord, RoleName, StoreError, StoreKind, StoreTls, TlsRuleError,
+    check_table_name, check_tls_rules, feed, ChangeFeed, Changes, Claim, Cursor, Grant,
+    InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    StoreKind, StoreTls, TlsRuleError,
 };
 use keepalive::{InstanceLease, Renewal};
 use members::{CallError, Members, Patience};
@@ -130,6 +132,8 @@ pub struct EtcdStore {
     /// The etcd lease of each one-shot term, by instance and token, so a
     /// release can name it ([`once`]).
     one_shot: std::sync::Mutex<HashMap<(String, u64), once::OneShotTerm>>,
+    /// The changes to role keys since the last full read ([`changes`]).
+    log: changes::SharedLog,
 }
 
 impl EtcdStore {
@@ -190,6 +194,7 @@ impl EtcdStore {
             leases: std::sync::Mutex::new(HashMap::new()),
             read_revision: Arc::new(AtomicI64::new(0)),
             one_shot: std::sync::Mutex::new(HashMap::new()),
+            log: changes::SharedLog::default(),
         })
     }
 
@@ -294,7 +299,10 @@ impl EtcdStore {
         };
         self.members.tune(shortest);
         let (lease, ttl, renewed_in) = self.keep_alive(&instance.id, need).await?;
-        let (current, read_in) = self.read_roles().await?;
+        // Only the keys claimed: a claim's cost grows with what this
+        // instance holds and takes, not with every role there is.
+        let names: Vec<&str> = claims.iter().map(|c| c.role.as_str()).collect();
+        let (current, read_in) = self.read_some(&names).await?;
         if renewed_in != 0 && read_in != 0 && renewed_in != read_in {
             // A leader frozen past an election answers keep-alives in
             // its old term for a moment after it resumes, renewing
@@ -343,6 +351,32 @@ impl EtcdStore {
             }
         }
         Ok(grants)
+    }
+}
+
+impl EtcdStore {
+    /// Every role key of `roles` (all known roles when empty), in one
+    /// range read; the read's revision is kept in `read_revision`.
+    async fn snapshot_at(&self, roles: &[RoleName]) -> Result<Vec<LeaseRecord>, StoreError> {
+        let (current, _) = self.read_roles().await?;
+        let names: Vec<String> = if roles.is_empty() {
+            let mut names = self.known_roles().await?;
+            names.extend(current.keys().cloned());
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            roles.iter().map(|r| r.to_string()).collect()
+        };
+        let legacy = self.legacy_ttls(&current).await?;
+        Ok(names
+            .iter()
+            .map(|role| {
+                let key = current.get(role);
+                let ttl = key.and_then(|k| legacy.get(&k.lease).copied());
+                Self::record(role, key, ttl)
+            })
+            .collect())
     }
 }
 
@@ -440,46 +474,16 @@ impl LeaseStore for EtcdStore {
         &'a self,
         roles: &'a [RoleName],
     ) -> BoxFuture<'a, Result<Vec<LeaseRecord>, StoreError>> {
-        async move {
-            let (current, _) = self.read_roles().await?;
-            let names: Vec<String> = if roles.is_empty() {
-                let mut names = self.known_roles().await?;
-                names.extend(current.keys().cloned());
-                names.sort();
-                names.dedup();
-                names
-            } else {
-                roles.iter().map(|r| r.to_string()).collect()
-            };
-            let legacy = self.legacy_ttls(&current).await?;
-            Ok(names
-                .iter()
-                .map(|role| match current.get(role) {
-                    // The key exists, so its lease was alive when read: the
-                    // term runs at most its TTL from then.
-                    Some(k) => LeaseRecord {
-                        role: role.clone(),
-                        holder: Some(k.holder.holder.clone()),
-                        holder_address: Some(k.holder.address.clone()),
-                        token: k.token,
-                        remaining: k
-                            .holder
-                            .ttl_ms
-                            .map(Duration::from_millis)
-                            .or_else(|| legacy.get(&k.lease).copied())
-                            .unwrap_or_default(),
-                    },
-                    None => LeaseRecord {
-                        role: role.clone(),
-                        holder: None,
-                        holder_address: None,
-                        token: 0,
-                        remaining: Duration::ZERO,
-                    },
-                })
-                .collect())
-        }
-        .boxed()
+        self.snapshot_at(roles).boxed()
+    }
+
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        _horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        self.changes_call(roles, since).boxed()
     }
 
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
