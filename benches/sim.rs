@@ -4,7 +4,10 @@
 //!
 //! `cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL
 //!  [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn]
-//!  [--settle S] [--json FILE]`
+//!  [--settle S] [--reads changes|full] [--json FILE]`
+//!
+//! `--reads full` makes every read of the lease records a full read (the
+//! way before reads of changes), for a baseline in the same run.
 //!
 //! `--settle` bounds each wait for balance (default 30 s plus a tick per
 //! role a member may have to take over).
@@ -38,8 +41,8 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use rolegate::lease::LeaseEvent;
 use rolegate::store::{
-    ChangeFeed, Claim, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord,
-    RoleName, StoreError,
+    ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member,
+    PartitionRecord, RoleName, StoreError,
 };
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
 
@@ -62,6 +65,10 @@ fn timings() -> LeaseTimings {
 struct Counts {
     calls: AtomicU64,
     rows: AtomicU64,
+    /// Of `rows`, the lease records (full reads and reads of changes).
+    lease_rows: AtomicU64,
+    /// `--reads full`: every read of the lease records reads every role.
+    full_reads: bool,
     claims_ns: Mutex<Vec<u64>>,
 }
 
@@ -72,6 +79,7 @@ struct Counting {
 }
 
 impl Counting {
+    /// Counts one store call that returned `rows` records.
     fn read<T>(&self, rows: usize, out: T) -> T {
         self.counts.calls.fetch_add(1, Ordering::Relaxed);
         self.counts.rows.fetch_add(rows as u64, Ordering::Relaxed);
@@ -116,6 +124,25 @@ impl LeaseStore for Counting {
         Box::pin(async move {
             let out = self.inner.snapshot(roles).await;
             let rows = out.as_ref().map_or(0, Vec::len);
+            self.counts
+                .lease_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
+            self.read(rows, out)
+        })
+    }
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        Box::pin(async move {
+            let since = since.filter(|_| !self.counts.full_reads);
+            let out = self.inner.changes(roles, since, horizon).await;
+            let rows = out.as_ref().map_or(0, |c| c.records.len());
+            self.counts
+                .lease_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
             self.read(rows, out)
         })
     }
@@ -295,7 +322,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let (Some(kind), Some(url)) = (arg("--store"), arg("--url")) else {
-        eprintln!("usage: cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn] [--settle S] [--json FILE]");
+        eprintln!("usage: cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn] [--settle S] [--reads changes|full] [--json FILE]");
         std::process::exit(2);
     };
     let c = number("--coordinators", 10) as usize;
@@ -303,6 +330,11 @@ async fn main() {
     let clients = number("--clients", c as u64).max(1) as usize;
     let measure = Duration::from_secs(number("--measure", 10));
     let churn = std::env::args().any(|a| a == "--churn");
+    let full_reads = match arg("--reads").as_deref() {
+        None | Some("changes") => false,
+        Some("full") => true,
+        Some(other) => panic!("--reads takes full or changes, got {other}"),
+    };
     let table = format!("sim_{}_{}", std::process::id(), roles);
     let mut opened = Vec::new();
     for _ in 0..clients {
@@ -311,7 +343,10 @@ async fn main() {
     let rss_before = resident_bytes();
     let mut sim = Sim {
         clients: opened,
-        counts: Arc::new(Counts::default()),
+        counts: Arc::new(Counts {
+            full_reads,
+            ..Counts::default()
+        }),
         events: Arc::new(Mutex::new(Vec::new())),
         roles,
         members: Vec::new(),
@@ -332,10 +367,12 @@ async fn main() {
         "coordinators": c,
         "roles": roles,
         "clients": clients,
+        "reads": if full_reads { "full" } else { "changes" },
         "balanced_in_s": balanced_in.map(|d| d.as_secs_f64()),
     });
     println!(
-        "{kind} C={c} R={roles} clients={clients}: balanced in {}",
+        "{kind} C={c} R={roles} clients={clients} reads={}: balanced in {}",
+        if full_reads { "full" } else { "changes" },
         balanced_in.map_or("— (not within the limit)".to_string(), |d| format!(
             "{d:.1?}"
         ))
@@ -343,6 +380,7 @@ async fn main() {
     // Steady state, balanced or not: the load is what it is.
     sim.counts.calls.store(0, Ordering::Relaxed);
     sim.counts.rows.store(0, Ordering::Relaxed);
+    sim.counts.lease_rows.store(0, Ordering::Relaxed);
     sim.counts.claims_ns.lock().unwrap().clear();
     let cpu_before = store_cpu_seconds();
     let started = Instant::now();
@@ -350,13 +388,16 @@ async fn main() {
     let secs = started.elapsed().as_secs_f64();
     let cpu = (store_cpu_seconds() - cpu_before) / secs;
     let rows = sim.counts.rows.load(Ordering::Relaxed) as f64 / secs;
+    let lease_rows = sim.counts.lease_rows.load(Ordering::Relaxed) as f64 / secs;
     let calls = sim.counts.calls.load(Ordering::Relaxed) as f64 / secs;
+    let per_tick = |per_s: f64| per_s / c as f64 * timings().renew_interval.as_secs_f64();
     let mut claims = std::mem::take(&mut *sim.counts.claims_ns.lock().unwrap());
     claims.sort_unstable();
     let rss = resident_bytes().saturating_sub(rss_before) as f64 / c as f64;
     println!(
-        "  steady: {rows:.0} rows read/s ({:.1} per coordinator per tick), {calls:.0} store calls/s, store CPU {:.0} %, claim p50 {:.1} ms p99 {:.1} ms, {:.0} KiB per coordinator",
-        rows / c as f64 * timings().renew_interval.as_secs_f64(),
+        "  steady: {rows:.0} rows read/s ({:.1} per coordinator per tick; lease records {lease_rows:.0}/s, {:.1} per coordinator per tick), {calls:.0} store calls/s, store CPU {:.0} %, claim p50 {:.1} ms p99 {:.1} ms, {:.0} KiB per coordinator",
+        per_tick(rows),
+        per_tick(lease_rows),
         cpu * 100.0,
         percentile(&claims, 0.5),
         percentile(&claims, 0.99),
@@ -364,7 +405,9 @@ async fn main() {
     );
     report["steady"] = serde_json::json!({
         "rows_read_per_s": rows,
-        "rows_per_coordinator_per_tick": rows / c as f64 * timings().renew_interval.as_secs_f64(),
+        "rows_per_coordinator_per_tick": per_tick(rows),
+        "lease_rows_per_s": lease_rows,
+        "lease_rows_per_coordinator_per_tick": per_tick(lease_rows),
         "store_calls_per_s": calls,
         "store_cpu": cpu,
         "claim_p50_ms": percentile(&claims, 0.5),

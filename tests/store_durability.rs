@@ -2,7 +2,8 @@
 //! its files, where it has any) grants tokens above every token before, while
 //! claims keep coming; Redis keeps that without persistence too. And a
 //! gateway on a Redis that keeps nothing, or that has replicas attached,
-//! says so once at start.
+//! says so once at start; a reader of a Redis's changes whose history was
+//! lost reads everything again.
 //!
 //! The memory store is exempt: it lives and dies with its process.
 
@@ -182,6 +183,63 @@ async fn redis_with_an_append_only_file_tokens_never_go_back_across_a_kill_and_r
         redis.start_server();
     })
     .await;
+}
+
+/// Redis reads changes from its change log, not from the leases: a write
+/// made around the scripts is not named, and a cursor from a lost history
+/// (its epoch key gone, as after a restart without persistence) reads
+/// everything again, that write included.
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_changes_come_from_the_change_log_and_a_lost_history_reads_everything() {
+    let ns = support::unique_table("log");
+    let store = rolegate::store::RedisStore::connect(&support::redis_url(), &ns)
+        .await
+        .expect("redis config");
+    let names = ["log-a", "log-b"].map(|r| RoleName::new(r).unwrap());
+    store.register(&names).await.expect("register");
+    let me = InstanceInfo {
+        id: "log-holder".into(),
+        address: "http://127.0.0.1:1".into(),
+    };
+    let hour = Duration::from_secs(3_600);
+    let claim = [Claim::renewable(names[0].clone(), None, hour)];
+    assert_eq!(store.claim(&me, &claim).await.expect("claim").len(), 1);
+    let horizon = Duration::from_secs(1);
+    let first = store.changes(&names, None, horizon).await.expect("read");
+    assert!(first.full);
+
+    let client = redis::Client::open(support::redis_url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg(format!("{ns}:lease:log-a"))
+        .arg("holder")
+        .arg("intruder")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let quiet = store.changes(&names, Some(first.cursor), horizon).await;
+    let quiet = quiet.expect("read");
+    assert!(!quiet.full, "{quiet:?}");
+    assert!(quiet.records.is_empty(), "not in the log: {quiet:?}");
+
+    let _: () = redis::cmd("DEL")
+        .arg(format!("{ns}:epoch"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let lost = store.changes(&names, Some(quiet.cursor), horizon).await;
+    let lost = lost.expect("read");
+    assert!(
+        lost.full,
+        "a cursor of a lost history reads everything: {lost:?}"
+    );
+    assert_ne!(lost.cursor.epoch, quiet.cursor.epoch);
+    let a = lost.records.iter().find(|r| r.role == "log-a");
+    assert_eq!(a.and_then(|r| r.holder.as_deref()), Some("intruder"));
+    assert_eq!(lost.records.len(), 2);
+    let next = store.changes(&names, Some(lost.cursor), horizon).await;
+    assert!(!next.expect("read").full, "the new history is read from");
 }
 
 /// etcd's tokens are revisions, kept in its data directory.

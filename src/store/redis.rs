@@ -5,8 +5,22 @@
 //! counter + 1 and Redis's time in microseconds, so tokens never go back
 //! even when a restart without persistence loses the counter. Claim,
 //! release and snapshot are each one atomic Lua script over the whole batch;
-//! a term change publishes on `{ns}:changes`. The scripts are in
+//! a term change publishes on the channel `{ns}:changes`. The scripts are in
 //! `redis/*.lua`.
+//!
+//! Reads of changes come from a change log the same scripts keep: every
+//! new term or release takes the next number of the counter `{ns}:seq` and
+//! scores its role with it in the sorted set `{ns}:changes` (a key, apart
+//! from the channel of that name), and every grant scores its role in
+//! `{ns}:expiry` by the term's end on Redis's clock. A read of changes
+//! first turns the terms that ran out into changes, then answers the roles
+//! scored above its cursor and those ending within the horizon; a renewal
+//! changes nothing there. The cursor is `{ns}:epoch` (begun from Redis's
+//! time when missing, so a restart that lost the log starts another
+//! history) and the counter. The log keeps the last change of at most
+//! 10 000 roles and records the greatest number it dropped in
+//! `{ns}:floor`; a cursor of another epoch, beyond the counter or below
+//! the floor gets a full read, taken in the same script as its cursor.
 //!
 //! Asynchronous replication can lose a lease on failover to a replica, and a
 //! restart without persistence loses every lease: both are logged once at
@@ -23,9 +37,41 @@ use redis::{ClientTlsConfig, RedisError, TlsCertificates};
 use tokio::sync::Mutex;
 
 use super::{
-    check_table_name, check_tls_rules, feed, millis, ChangeFeed, Claim, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError, StoreKind, StoreTls,
+    check_table_name, check_tls_rules, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant,
+    InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    StoreKind, StoreTls,
 };
+
+/// A script's reply value as text (empty when it is none).
+fn text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::Int(i) => i.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// A script's reply value as a number (0 when it is none).
+fn num(v: &redis::Value) -> i64 {
+    match v {
+        redis::Value::Int(i) => *i,
+        other => text(other).parse().unwrap_or(0),
+    }
+}
+
+/// The record of `role` from the four fields the scripts answer per role:
+/// holder, address, token, pttl.
+fn lease_record(role: String, f: &[redis::Value]) -> LeaseRecord {
+    let holder = text(&f[0]);
+    LeaseRecord {
+        role,
+        holder: (!holder.is_empty()).then_some(holder),
+        holder_address: Some(text(&f[1])).filter(|a| !a.is_empty()),
+        token: num(&f[2]).max(0) as u64,
+        remaining: Duration::from_millis(num(&f[3]).max(0) as u64),
+    }
+}
 
 /// Leases in one Redis primary, under the key namespace `ns`.
 pub struct RedisStore {
@@ -37,6 +83,7 @@ pub struct RedisStore {
     claim: redis::Script,
     release: redis::Script,
     snapshot: redis::Script,
+    changes: redis::Script,
     presence: redis::Script,
     leave: redis::Script,
     partitions: redis::Script,
@@ -86,6 +133,7 @@ impl RedisStore {
             claim: redis::Script::new(include_str!("redis/claim.lua")),
             release: redis::Script::new(include_str!("redis/release.lua")),
             snapshot: redis::Script::new(include_str!("redis/snapshot.lua")),
+            changes: redis::Script::new(include_str!("redis/changes.lua")),
             presence: redis::Script::new(include_str!("redis/presence.lua")),
             leave: redis::Script::new(include_str!("redis/leave.lua")),
             partitions: redis::Script::new(include_str!("redis/partitions.lua")),
@@ -158,6 +206,84 @@ impl RedisStore {
 
     fn channel(&self) -> String {
         format!("{}:changes", self.ns)
+    }
+
+    /// A key of the change log: `{ns}:{which}` (`seq`, `changes`, `expiry`,
+    /// `epoch`, `floor`).
+    fn log_key(&self, which: &str) -> String {
+        format!("{}:{which}", self.ns)
+    }
+
+    /// Appends the change-log keys the claim and release scripts write.
+    fn log_keys(&self, inv: &mut redis::ScriptInvocation<'_>) {
+        for which in ["seq", "changes", "expiry", "epoch"] {
+            inv.key(self.log_key(which));
+        }
+    }
+
+    /// A full read of `roles` with the cursor taken in the same script.
+    async fn full_read(&self, roles: &[String]) -> Result<Changes, StoreError> {
+        self.changes_call(roles, None, Duration::ZERO)
+            .await?
+            .ok_or_else(|| {
+                let e = format!("Redis at {}: a full read of changes was refused", self.at);
+                StoreError::decode(e, "unexpected reply")
+            })
+    }
+
+    /// Runs `redis/changes.lua`: from `since`, or a full read of `roles`
+    /// when `since` is `None`. `None` answers a cursor the log cannot
+    /// answer from.
+    async fn changes_call(
+        &self,
+        roles: &[String],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> Result<Option<Changes>, StoreError> {
+        let mut c = self.conn().await?;
+        let mut inv = self.changes.prepare_invoke();
+        for which in ["seq", "changes", "expiry", "epoch", "floor"] {
+            inv.key(self.log_key(which));
+        }
+        let (epoch, position) = match since {
+            Some(s) => (s.epoch.to_string(), s.position.to_string()),
+            None => (String::new(), String::new()),
+        };
+        inv.arg(self.lease_key(""))
+            .arg(self.token_key(""))
+            .arg(epoch)
+            .arg(position)
+            .arg(millis(horizon));
+        for r in roles {
+            inv.arg(r);
+        }
+        let out: Vec<redis::Value> = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(self.error("changes"))?;
+        let (Some(kind), Some(epoch), Some(position)) = (out.first(), out.get(1), out.get(2))
+        else {
+            let e = format!("Redis at {}: changes returned no cursor", self.at);
+            return Err(StoreError::decode(e, "short reply"));
+        };
+        let full = match text(kind).as_str() {
+            "full" => true,
+            "changes" => false,
+            _ => return Ok(None),
+        };
+        let records = out[3..]
+            .chunks(5)
+            .filter(|f| f.len() == 5)
+            .map(|f| lease_record(text(&f[0]), &f[1..]))
+            .collect();
+        Ok(Some(Changes {
+            full,
+            records,
+            cursor: Cursor {
+                epoch: text(epoch).parse().unwrap_or(0),
+                position: num(position).max(0) as u64,
+            },
+        }))
     }
 
     /// Every role that has a token counter (for `status` without a role list).
@@ -241,7 +367,8 @@ impl LeaseStore for RedisStore {
             let mut inv = self.claim.prepare_invoke();
             inv.arg(&instance.id)
                 .arg(&instance.address)
-                .arg(self.channel());
+                .arg(self.channel())
+                .arg(self.lease_key(""));
             for cl in claims {
                 inv.key(self.lease_key(&cl.role))
                     .key(self.token_key(&cl.role));
@@ -249,6 +376,7 @@ impl LeaseStore for RedisStore {
                     .arg(millis(cl.duration))
                     .arg(if cl.one_shot { "1" } else { "0" });
             }
+            self.log_keys(&mut inv);
             let out: Vec<i64> = inv
                 .invoke_async(&mut c)
                 .await
@@ -275,10 +403,13 @@ impl LeaseStore for RedisStore {
         async move {
             let mut c = self.conn().await?;
             let mut inv = self.release.prepare_invoke();
-            inv.arg(&instance.id).arg(self.channel());
+            inv.arg(&instance.id)
+                .arg(self.channel())
+                .arg(self.lease_key(""));
             for (role, token) in held {
                 inv.key(self.lease_key(role)).arg(token.to_string());
             }
+            self.log_keys(&mut inv);
             let out: Vec<i64> = inv
                 .invoke_async(&mut c)
                 .await
@@ -316,35 +447,42 @@ impl LeaseStore for RedisStore {
                 .invoke_async(&mut c)
                 .await
                 .map_err(self.error("snapshot"))?;
-            let text = |v: &redis::Value| -> String {
-                match v {
-                    redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-                    redis::Value::SimpleString(s) => s.clone(),
-                    redis::Value::Int(i) => i.to_string(),
-                    _ => String::new(),
-                }
-            };
-            let num = |v: &redis::Value| -> i64 {
-                match v {
-                    redis::Value::Int(i) => *i,
-                    other => text(other).parse().unwrap_or(0),
-                }
-            };
             Ok(roles
                 .iter()
                 .zip(out.chunks(4))
-                .map(|(role, f)| {
-                    let holder = text(&f[0]);
-                    let pttl = num(&f[3]);
-                    LeaseRecord {
-                        role: role.clone(),
-                        holder: (!holder.is_empty()).then_some(holder),
-                        holder_address: Some(text(&f[1])).filter(|a| !a.is_empty()),
-                        token: num(&f[2]).max(0) as u64,
-                        remaining: Duration::from_millis(pttl.max(0) as u64),
-                    }
-                })
+                .filter(|(_, f)| f.len() == 4)
+                .map(|(role, f)| lease_record(role.clone(), f))
                 .collect())
+        }
+        .boxed()
+    }
+
+    fn changes<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<Changes, StoreError>> {
+        async move {
+            if let Some(since) = since {
+                if let Some(read) = self.changes_call(&[], Some(since), horizon).await? {
+                    return Ok(read);
+                }
+            }
+            if !roles.is_empty() {
+                let roles: Vec<String> = roles.iter().map(|r| r.to_string()).collect();
+                return self.full_read(&roles).await;
+            }
+            // Every role: the cursor is taken before the roles are listed,
+            // so a role that appears in between is read next time.
+            let mut read = self.full_read(&[]).await?;
+            let all = self.known_roles().await?;
+            if !all.is_empty() {
+                let cursor = read.cursor;
+                read = self.full_read(&all).await?;
+                read.cursor = cursor;
+            }
+            Ok(read)
         }
         .boxed()
     }

@@ -63,14 +63,13 @@ pub(super) struct ChangeRow {
 impl ChangeRow {
     /// The lease row, if the row carries one.
     pub(super) fn record(self) -> Option<LeaseRecord> {
-        Some(LeaseRow {
+        Some(LeaseRecord::from(LeaseRow {
             role: self.role?,
             holder_id: self.holder_id,
             holder_address: self.holder_address,
             token: self.token.unwrap_or(0),
             remaining_ms: self.remaining_ms.unwrap_or(0),
-        })
-        .map(LeaseRecord::from)
+        }))
     }
 }
 
