@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use super::{
     feed, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member,
-    PartitionRecord, RoleName, StoreError,
+    MemberChanges, PartitionRecord, RoleName, StoreError,
 };
 
 #[derive(Debug, Clone)]
@@ -25,11 +25,26 @@ struct Record {
     changed: u64,
 }
 
+#[derive(Debug)]
+struct Presence {
+    member: Member,
+    until: Instant,
+    /// The member generation of its last change.
+    changed: u64,
+}
+
+/// How long a presence record is kept after its end.
+const PRESENCE_KEPT: Duration = Duration::from_secs(3600);
+
 /// A lease table in memory; clone the `Arc` to share it between coordinators.
 #[derive(Debug)]
 pub struct MemoryStore {
     table: Mutex<BTreeMap<String, Record>>,
-    members: Mutex<BTreeMap<String, (Member, Instant)>>,
+    /// Presence records by id, kept an hour past their end (so readers of
+    /// changes see them go).
+    members: Mutex<BTreeMap<String, Presence>>,
+    /// Counts the presence changes (joins, returns, changes, leaves).
+    member_generation: AtomicU64,
     /// Partition definitions: (definition, epoch, settled at).
     partitions: Mutex<BTreeMap<String, (String, u64, Instant)>>,
     changes: broadcast::Sender<()>,
@@ -50,6 +65,7 @@ impl MemoryStore {
         Self {
             table: Mutex::new(BTreeMap::new()),
             members: Mutex::new(BTreeMap::new()),
+            member_generation: AtomicU64::new(0),
             partitions: Mutex::new(BTreeMap::new()),
             changes: broadcast::channel(64).0,
             generation: AtomicU64::new(0),
@@ -76,6 +92,50 @@ impl MemoryStore {
             changed: self.next_generation(),
         }
     }
+}
+
+impl MemoryStore {
+    /// Writes `me`'s presence record, a change when it is new, back after
+    /// its end, or says something else; forgets records long ended.
+    fn write_presence(
+        &self,
+        me: &InstanceInfo,
+        candidate: bool,
+        routes: &str,
+        ttl: Duration,
+        now: Instant,
+    ) -> std::sync::MutexGuard<'_, BTreeMap<String, Presence>> {
+        let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
+        let member = Member {
+            id: me.id.clone(),
+            address: me.address.clone(),
+            candidate,
+            routes: routes.to_string(),
+        };
+        let until = now + ttl;
+        match members.get_mut(&me.id) {
+            Some(p) if p.until > now && p.member == member => p.until = until,
+            _ => {
+                let changed = self.member_generation.fetch_add(1, Ordering::Relaxed) + 1;
+                let record = Presence {
+                    member,
+                    until,
+                    changed,
+                };
+                members.insert(me.id.clone(), record);
+            }
+        }
+        members.retain(|_, p| p.until + PRESENCE_KEPT > now);
+        members
+    }
+}
+
+/// The members whose record has not ended.
+fn live_members(members: &mut BTreeMap<String, Presence>, now: Instant) -> Vec<Member> {
+    (members.values())
+        .filter(|p| p.until > now)
+        .map(|p| p.member.clone())
+        .collect()
 }
 
 impl LeaseStore for MemoryStore {
@@ -270,16 +330,50 @@ impl LeaseStore for MemoryStore {
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         async move {
             let now = Instant::now();
-            let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-            let record = Member {
-                id: me.id.clone(),
-                address: me.address.clone(),
-                candidate,
-                routes: routes.to_string(),
+            let mut members = self.write_presence(me, candidate, routes, ttl, now);
+            Ok(live_members(&mut members, now))
+        }
+        .boxed()
+    }
+
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        async move {
+            let now = Instant::now();
+            let mut members = self.write_presence(me, candidate, routes, ttl, now);
+            let position = self.member_generation.load(Ordering::Relaxed);
+            let cursor = Cursor { epoch: 0, position };
+            let Some(since) = since.filter(|c| c.position <= position) else {
+                return Ok(MemberChanges {
+                    full: true,
+                    members: live_members(&mut members, now),
+                    gone: Vec::new(),
+                    cursor,
+                });
             };
-            members.insert(me.id.clone(), (record, now + ttl));
-            members.retain(|_, (_, until)| *until > now);
-            Ok(members.values().map(|(m, _)| m.clone()).collect())
+            let (mut live, mut gone) = (Vec::new(), Vec::new());
+            for (id, p) in members.iter() {
+                if p.until > now {
+                    if p.changed > since.position {
+                        live.push(p.member.clone());
+                    }
+                } else if p.changed > since.position || p.until + horizon >= now {
+                    gone.push(id.clone());
+                }
+            }
+            Ok(MemberChanges {
+                full: false,
+                members: live,
+                gone,
+                cursor,
+            })
         }
         .boxed()
     }
@@ -344,7 +438,10 @@ impl LeaseStore for MemoryStore {
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
             let mut members = self.members.lock().unwrap_or_else(|p| p.into_inner());
-            members.remove(&me.id);
+            if let Some(p) = members.get_mut(&me.id) {
+                p.until = Instant::now();
+                p.changed = self.member_generation.fetch_add(1, Ordering::Relaxed) + 1;
+            }
             drop(members);
             let _ = self.changes.send(());
             Ok(())

@@ -181,6 +181,23 @@ pub struct Changes {
     pub cursor: Cursor,
 }
 
+/// What [`LeaseStore::presence_changes`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberChanges {
+    /// A full read: `members` is every live member, and replaces what the
+    /// reader knew. Otherwise every member not named is as the reader last
+    /// saw it.
+    pub full: bool,
+    /// Live members: every one on a full read, else the ones that joined,
+    /// came back, or changed their address, candidacy or route table since
+    /// the cursor.
+    pub members: Vec<Member>,
+    /// Members gone since the cursor (left, or their record expired).
+    pub gone: Vec<String>,
+    /// Where the next read starts.
+    pub cursor: Cursor,
+}
+
 /// Wakes the coordinator when a term may have changed somewhere. Notices are
 /// hints: the coordinator always re-reads the store after one.
 pub type ChangeFeed = mpsc::Receiver<()>;
@@ -267,6 +284,33 @@ pub trait LeaseStore: Send + Sync + 'static {
         routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>>;
+
+    /// [`presence`](Self::presence), reading only what changed since
+    /// `since`: members that joined, came back, changed, left or expired.
+    /// A record that ends within `horizon` is not yet gone; one renewed on
+    /// time never comes that close to its end. With `since` `None`, or when
+    /// the store cannot answer from the cursor, a full read.
+    ///
+    /// The default reads every member every time.
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        let _ = (since, horizon);
+        Box::pin(async move {
+            Ok(MemberChanges {
+                full: true,
+                members: self.presence(me, candidate, routes, ttl).await?,
+                gone: Vec::new(),
+                cursor: Cursor::default(),
+            })
+        })
+    }
 
     /// Removes this instance's presence record (graceful stop), so the others
     /// rebalance at once instead of at its expiry.

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rolegate::store::{Changes, Claim, Cursor, InstanceInfo, LeaseStore, RoleName};
+use rolegate::store::{Changes, Claim, Cursor, InstanceInfo, LeaseStore, MemberChanges, RoleName};
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
 
 /// `for_each_check!(m!(args))` calls `m!(args; check, check, ...)` with the
@@ -34,7 +34,8 @@ macro_rules! for_each_check {
             partition_definition_has_one_first_record_and_changes_only_from_its_epoch,
             partition_definition_change_settles_by_the_store_clock_and_wakes_subscribers,
             presence_carries_each_members_route_fingerprint,
-            changes_name_term_changes_and_ending_holders_only
+            changes_name_term_changes_and_ending_holders_only,
+            presence_changes_name_joins_changes_and_departures_only
         }
     };
 }
@@ -718,4 +719,80 @@ pub async fn changes_name_term_changes_and_ending_holders_only(
         "a cursor from beyond the store's history reads everything"
     );
     assert_eq!(gap.records.len(), 3);
+}
+
+pub async fn presence_changes_name_joins_changes_and_departures_only(
+    store: Arc<dyn LeaseStore>,
+    scale: Scale,
+) {
+    let (a, b, c) = (instance(1), instance(2), instance(3));
+    let ttl = Duration::from_millis(scale.ms(30_000));
+    let horizon = Duration::from_millis(scale.ms(1_000));
+    let read = |who: InstanceInfo, since: Option<Cursor>| {
+        let store = store.clone();
+        async move {
+            store
+                .presence_changes(&who, true, "", ttl, since, horizon)
+                .await
+                .expect("presence changes")
+        }
+    };
+    let ids = |m: &MemberChanges| {
+        let mut ids: Vec<String> = m.members.iter().map(|m| m.id.clone()).collect();
+        ids.sort();
+        ids
+    };
+    read(b.clone(), None).await;
+    let first = read(a.clone(), None).await;
+    assert!(first.full, "no cursor: a full read");
+    let mut both = vec![a.id.clone(), b.id.clone()];
+    both.sort();
+    assert_eq!(ids(&first), both);
+
+    // Renewals are no change.
+    read(b.clone(), None).await;
+    let quiet = read(a.clone(), Some(first.cursor)).await;
+    assert!(!quiet.full, "a read from a fresh cursor reads only changes");
+    assert!(
+        quiet.members.is_empty() && quiet.gone.is_empty(),
+        "{quiet:?}"
+    );
+
+    // A join, a change of candidacy and a leave are named.
+    read(c.clone(), None).await;
+    store.presence(&b, false, "", ttl).await.unwrap();
+    store.leave(&b).await.unwrap();
+    let moved = read(a.clone(), Some(quiet.cursor)).await;
+    assert!(!moved.full);
+    assert!(ids(&moved).contains(&c.id), "the join is named: {moved:?}");
+    assert_eq!(moved.gone, [b.id.clone()], "the leave is named: {moved:?}");
+
+    // A member that stops renewing is gone by the time its record ends.
+    let short = 600;
+    let d = instance(4);
+    (store.presence(&d, true, "", Duration::from_millis(scale.ms(short))))
+        .await
+        .unwrap();
+    let joined = read(a.clone(), Some(moved.cursor)).await;
+    assert!(ids(&joined).contains(&d.id), "{joined:?}");
+    scale.past(short).await;
+    let ended = read(a.clone(), Some(joined.cursor)).await;
+    assert!(
+        ended.gone.contains(&d.id),
+        "the ended record is named: {ended:?}"
+    );
+
+    // A cursor the store cannot answer from is answered by a full read.
+    let ahead = Cursor {
+        epoch: ended.cursor.epoch,
+        position: ended.cursor.position + (1 << 40),
+    };
+    let gap = read(a.clone(), Some(ahead)).await;
+    assert!(
+        gap.full,
+        "a cursor from beyond the history reads everything"
+    );
+    let mut live = vec![a.id.clone(), c.id.clone()];
+    live.sort();
+    assert_eq!(ids(&gap), live);
 }

@@ -14,7 +14,7 @@ use crate::lease::balance::assign;
 use crate::lease::fingerprint::{has_routes, published_definition};
 use crate::lease::state::Counters;
 use crate::lease::TermEndReason;
-use crate::store::Member;
+use crate::store::{Cursor, Member};
 use crate::telemetry;
 
 /// One balanced partition: where its roles sit among all registered roles.
@@ -61,6 +61,12 @@ pub(super) struct Balancer {
     /// Members whose route table differs from this one's, with how (each
     /// logged once per difference).
     route_differences: std::collections::BTreeMap<String, Vec<String>>,
+    /// Every live member by id, as the reads of presence built it.
+    known_members: std::collections::BTreeMap<String, Member>,
+    /// Where the next read of presence changes starts; `None`: read all.
+    cursor: Option<Cursor>,
+    /// Reads of presence changes since the last full read.
+    since_full: u32,
 }
 
 impl Balancer {
@@ -109,6 +115,9 @@ impl Balancer {
             preferred: vec![None; shared.role_count()],
             handover: None,
             route_differences: std::collections::BTreeMap::new(),
+            known_members: std::collections::BTreeMap::new(),
+            cursor: None,
+            since_full: 0,
         })
     }
 
@@ -198,19 +207,31 @@ impl HeartbeatLoop {
         };
         let shared = self.shared.clone();
         self.calls_this_tick += 1;
-        let call = shared.store().presence(
+        let (since, horizon) = match self.balance.as_ref() {
+            Some(b) => (
+                b.cursor.filter(|_| b.since_full < super::RESYNC_EVERY),
+                ttl.saturating_sub(shared.tick_every()) / 2,
+            ),
+            None => return,
+        };
+        let call = shared.store().presence_changes(
             shared.instance(),
             shared.is_candidate(),
             shared.routes(),
             ttl,
+            since,
+            horizon,
         );
         let t_sent = Instant::now();
         let result = tokio::time::timeout(shared.op_timeout(), call).await;
         Self::record_latency("presence", t_sent);
         let every = Duration::from_secs(10);
-        let members = match result {
-            Ok(Ok(members)) => members,
+        let changes = match result {
+            Ok(Ok(changes)) => changes,
             Ok(Err(e)) => {
+                if let Some(b) = self.balance.as_mut() {
+                    b.cursor = None;
+                }
                 // A schema from before the presence record's route column
                 // fails here: say so, not only at debug.
                 if let Some(suppressed) = self.warnings.admit("presence", every, Instant::now()) {
@@ -219,12 +240,34 @@ impl HeartbeatLoop {
                 }
                 return;
             }
-            Err(_) => return tracing::debug!("presence call timed out"),
+            Err(_) => {
+                if let Some(b) = self.balance.as_mut() {
+                    b.cursor = None;
+                }
+                return tracing::debug!("presence call timed out");
+            }
         };
         let roles: Vec<Arc<str>> = self.roles.iter().map(|r| r.state.name.clone()).collect();
         if let Some(b) = self.balance.as_mut() {
-            b.compare_routes(shared.routes(), &members);
-            b.update(members, &roles, Instant::now());
+            b.cursor = Some(changes.cursor);
+            let changed = changes.full || !changes.members.is_empty() || !changes.gone.is_empty();
+            if changes.full {
+                b.since_full = 0;
+                b.known_members.clear();
+            } else {
+                b.since_full += 1;
+            }
+            for id in &changes.gone {
+                b.known_members.remove(id);
+            }
+            for m in changes.members {
+                b.known_members.insert(m.id.clone(), m);
+            }
+            if changed || !b.known {
+                let members: Vec<Member> = b.known_members.values().cloned().collect();
+                b.compare_routes(shared.routes(), &members);
+                b.update(members, &roles, Instant::now());
+            }
         }
     }
 
