@@ -250,7 +250,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// the cursor (its history was lost, trimmed, or the feed behind it
     /// broke), it answers a full read of `roles` instead, with a new
     /// cursor. A change is never lost between two reads: a change committed
-    /// after this read's cursor was taken is in the next read.
+    /// after this read's cursor was taken is in the next read. A record may
+    /// be named again unchanged (PostgreSQL names again the changes of
+    /// transactions still running somewhere when the cursor was taken).
     ///
     /// The default reads everything every time (a store without a change
     /// history).
@@ -289,7 +291,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// `since`: members that joined, came back, changed, left or expired.
     /// A record that ends within `horizon` is not yet gone; one renewed on
     /// time never comes that close to its end. With `since` `None`, or when
-    /// the store cannot answer from the cursor, a full read.
+    /// the store cannot answer from the cursor, a full read. As with
+    /// [`changes`](Self::changes), a member may be named again unchanged,
+    /// never missed.
     ///
     /// The default reads every member every time.
     fn presence_changes<'a>(

@@ -13,11 +13,13 @@ use sqlx::postgres::{
 };
 use sqlx::Connection;
 
-use super::sql::{self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
+use super::sql::{
+    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, MemberRow, PartitionRow, Target,
+};
 use super::tls::PgTlsParams;
 use super::{
     check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError,
 };
 
 /// How long the direct connection attempt that explains a pool timeout may take.
@@ -42,6 +44,7 @@ struct Statements {
     changes: String,
     changes_full: String,
     presence: String,
+    presence_changes: String,
     leave: String,
     partitions: String,
     partition: String,
@@ -69,6 +72,7 @@ impl Statements {
             changes: render(include_str!("sql/postgres/changes.sql")),
             changes_full: render(include_str!("sql/postgres/changes_full.sql")),
             presence: render(include_str!("sql/postgres/presence.sql")),
+            presence_changes: render(include_str!("sql/postgres/presence_changes.sql")),
             leave: render(include_str!("sql/postgres/leave.sql")),
             partitions: render(include_str!("sql/postgres/partitions.sql")),
             partition: render(include_str!("sql/postgres/partition.sql")),
@@ -412,6 +416,60 @@ impl LeaseStore for PostgresStore {
         .boxed()
     }
 
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        async move {
+            let read = |since: Option<i64>| {
+                sqlx::query_as::<_, MemberChangeRow>(&self.sql.presence_changes)
+                    .bind(&me.id)
+                    .bind(&me.address)
+                    .bind(candidate)
+                    .bind(millis(ttl))
+                    .bind(routes)
+                    .bind(since)
+                    .bind(millis(horizon))
+                    .fetch_all(&self.pool)
+            };
+            if let Some(since) = since {
+                let position = since.position as i64;
+                let rows = self.run("presence", read(Some(position))).await?;
+                // Transaction ids go back only in another (restored)
+                // database: read everything then.
+                let answer = sql::member_changes_from_rows(rows);
+                if let Some((next, members, gone)) = answer.filter(|a| a.0 as i64 >= position) {
+                    return Ok(MemberChanges {
+                        full: false,
+                        members,
+                        gone,
+                        cursor: Cursor {
+                            epoch: 0,
+                            position: next,
+                        },
+                    });
+                }
+            }
+            let rows = self.run("presence", read(None)).await?;
+            let (next, members, _) = sql::member_changes_from_rows(rows).unwrap_or_default();
+            Ok(MemberChanges {
+                full: true,
+                members,
+                gone: Vec::new(),
+                cursor: Cursor {
+                    epoch: 0,
+                    position: next,
+                },
+            })
+        }
+        .boxed()
+    }
+
     fn leave<'a>(&'a self, me: &'a InstanceInfo) -> BoxFuture<'a, Result<(), StoreError>> {
         async move {
             let query = sqlx::query(&self.sql.leave)
@@ -469,6 +527,7 @@ mod tests {
             &s.changes,
             &s.changes_full,
             &s.presence,
+            &s.presence_changes,
             &s.leave,
             &s.partitions,
             &s.partition,

@@ -119,6 +119,41 @@ impl From<MemberRow> for Member {
     }
 }
 
+/// A row of a read of presence changes: the cursor to read from next, and
+/// a presence record (none when nothing changed), live or gone.
+#[derive(sqlx::FromRow)]
+pub(super) struct MemberChangeRow {
+    next: i64,
+    instance_id: Option<String>,
+    address: Option<String>,
+    candidate: Option<bool>,
+    routes: Option<String>,
+    live: Option<bool>,
+}
+
+/// The cursor, live members and gone ids of a read of presence changes.
+/// `None` when the statement returned no row at all.
+pub(super) fn member_changes_from_rows(
+    rows: Vec<MemberChangeRow>,
+) -> Option<(u64, Vec<Member>, Vec<String>)> {
+    let next = rows.first()?.next.max(0) as u64;
+    let (mut live, mut gone) = (Vec::new(), Vec::new());
+    for row in rows {
+        let Some(id) = row.instance_id else { continue };
+        if row.live != Some(true) {
+            gone.push(id);
+            continue;
+        }
+        live.push(Member {
+            id,
+            address: row.address.unwrap_or_default(),
+            candidate: row.candidate.unwrap_or(false),
+            routes: row.routes.unwrap_or_default(),
+        });
+    }
+    Some((next, live, gone))
+}
+
 /// A partition definition as the partition statements return it.
 #[derive(sqlx::FromRow)]
 pub(super) struct PartitionRow {

@@ -250,7 +250,7 @@ impl HeartbeatLoop {
         let roles: Vec<Arc<str>> = self.roles.iter().map(|r| r.state.name.clone()).collect();
         if let Some(b) = self.balance.as_mut() {
             b.cursor = Some(changes.cursor);
-            let changed = changes.full || !changes.members.is_empty() || !changes.gone.is_empty();
+            let mut changed = changes.full;
             if changes.full {
                 b.since_full = 0;
                 b.known_members.clear();
@@ -258,10 +258,13 @@ impl HeartbeatLoop {
                 b.since_full += 1;
             }
             for id in &changes.gone {
-                b.known_members.remove(id);
+                changed |= b.known_members.remove(id).is_some();
             }
             for m in changes.members {
-                b.known_members.insert(m.id.clone(), m);
+                if b.known_members.get(&m.id) != Some(&m) {
+                    changed = true;
+                    b.known_members.insert(m.id.clone(), m);
+                }
             }
             if changed || !b.known {
                 let members: Vec<Member> = b.known_members.values().cloned().collect();

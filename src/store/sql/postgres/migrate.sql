@@ -55,6 +55,34 @@ CREATE TABLE IF NOT EXISTS {table}_members (
 );
 -- The route-table fingerprint each member publishes (empty: none).
 ALTER TABLE {table}_members ADD COLUMN IF NOT EXISTS routes text NOT NULL DEFAULT '';
+-- The transaction that last added, changed, revived or ended the record
+-- (a renewal that changes nothing else is no change), for readers of
+-- presence changes.
+ALTER TABLE {table}_members ADD COLUMN IF NOT EXISTS changed bigint NOT NULL DEFAULT 0;
+CREATE OR REPLACE FUNCTION {table}_member_mark() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        NEW.changed := txid_current();
+    ELSIF NEW.address IS DISTINCT FROM OLD.address
+          OR NEW.candidate IS DISTINCT FROM OLD.candidate
+          OR NEW.routes IS DISTINCT FROM OLD.routes
+          OR OLD.expires_at <= clock_timestamp()
+          OR NEW.expires_at <= clock_timestamp() THEN
+        NEW.changed := txid_current();
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+DO $do$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_trigger
+                   WHERE tgname = '{table}_member_mark'
+                     AND tgrelid = '{table}_members'::regclass) THEN
+        CREATE TRIGGER {table}_member_mark BEFORE INSERT OR UPDATE ON {table}_members
+        FOR EACH ROW EXECUTE FUNCTION {table}_member_mark();
+    END IF;
+END
+$do$;
 -- Partition definitions: what decides which role owns a key. The epoch goes
 -- up with every change; no instance serves the partition before settled_at.
 CREATE TABLE IF NOT EXISTS {table}_partitions (
