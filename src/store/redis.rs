@@ -22,6 +22,20 @@
 //! `{ns}:floor`; a cursor of another epoch, beyond the counter or below
 //! the floor gets a full read, taken in the same script as its cursor.
 //!
+//! Presence keeps its own change log the same way. Each instance's record
+//! is a field of the hash `{ns}:members:info`, and the sorted set
+//! `{ns}:members:set` scores it by its end on Redis's clock. The presence
+//! script (`redis/presence.lua`) scores an instance in
+//! `{ns}:members:changes` with the next number of `{ns}:members:seq` when
+//! it joins, comes back after its record ended, or writes another address,
+//! candidacy or route fingerprint (a renewal changes nothing there), and
+//! turns every record it finds ended into a departure before dropping it;
+//! a leave is a departure too. The cursor is `{ns}:members:epoch` and that
+//! counter; the log keeps the last change of at most 10 000 members with
+//! `{ns}:members:floor`, and a cursor of another epoch, beyond the counter
+//! or below the floor gets a full read, all in the script that writes the
+//! record.
+//!
 //! Asynchronous replication can lose a lease on failover to a replica, and a
 //! restart without persistence loses every lease: both are logged once at
 //! start ([`durability`]); see `docs/stores.md`.
@@ -38,8 +52,8 @@ use tokio::sync::Mutex;
 
 use super::{
     check_table_name, check_tls_rules, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant,
-    InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
-    StoreKind, StoreTls,
+    InstanceInfo, LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName,
+    StoreError, StoreKind, StoreTls,
 };
 
 /// A script's reply value as text (empty when it is none).
@@ -57,6 +71,14 @@ fn num(v: &redis::Value) -> i64 {
     match v {
         redis::Value::Int(i) => *i,
         other => text(other).parse().unwrap_or(0),
+    }
+}
+
+/// A script's reply value as a list (empty when it is none).
+fn list(v: &redis::Value) -> &[redis::Value] {
+    match v {
+        redis::Value::Array(items) => items,
+        _ => &[],
     }
 }
 
@@ -317,9 +339,59 @@ impl RedisStore {
 }
 
 impl RedisStore {
-    /// `{ns}:members:{which}`: the expiry-scored set and the record hash.
+    /// `{ns}:members:{which}`: the end-scored set (`set`), the record hash
+    /// (`info`), and their change log (`seq`, `changes`, `epoch`, `floor`).
     fn members_key(&self, which: &str) -> String {
         format!("{}:members:{which}", self.ns)
+    }
+
+    /// Runs `redis/presence.lua`: writes `me`'s record and reads the
+    /// members changed since `since`, or every live member when `since` is
+    /// `None` or the log cannot answer from it.
+    async fn presence_call(
+        &self,
+        me: &InstanceInfo,
+        candidate: bool,
+        routes: &str,
+        ttl: Duration,
+        since: Option<Cursor>,
+    ) -> Result<MemberChanges, StoreError> {
+        let mut c = self.conn().await?;
+        let mut inv = self.presence.prepare_invoke();
+        for which in ["set", "info", "seq", "changes", "epoch", "floor"] {
+            inv.key(self.members_key(which));
+        }
+        let (epoch, position) = match since {
+            Some(s) => (s.epoch.to_string(), s.position.to_string()),
+            None => (String::new(), String::new()),
+        };
+        inv.arg(&me.id)
+            .arg(&me.address)
+            .arg(if candidate { "1" } else { "0" })
+            .arg(millis(ttl))
+            .arg(routes)
+            .arg(epoch)
+            .arg(position);
+        let out: Vec<redis::Value> = inv
+            .invoke_async(&mut c)
+            .await
+            .map_err(self.error("presence"))?;
+        let [kind, epoch, position, members, gone, ..] = out.as_slice() else {
+            let e = format!("Redis at {}: presence returned no cursor", self.at);
+            return Err(StoreError::decode(e, "short reply"));
+        };
+        Ok(MemberChanges {
+            full: text(kind) == "full",
+            members: list(members)
+                .chunks(2)
+                .filter_map(|pair| super::parse_member(&text(&pair[0]), &text(pair.get(1)?)))
+                .collect(),
+            gone: list(gone).iter().map(text).collect(),
+            cursor: Cursor {
+                epoch: text(epoch).parse().unwrap_or(0),
+                position: num(position).max(0) as u64,
+            },
+        })
     }
 }
 
@@ -512,25 +584,25 @@ impl LeaseStore for RedisStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         async move {
-            let mut c = self.conn().await?;
-            let out: Vec<String> = self
-                .presence
-                .key(self.members_key("set"))
-                .key(self.members_key("info"))
-                .arg(&me.id)
-                .arg(&me.address)
-                .arg(if candidate { "1" } else { "0" })
-                .arg(millis(ttl))
-                .arg(routes)
-                .invoke_async(&mut c)
-                .await
-                .map_err(self.error("presence"))?;
-            Ok(out
-                .chunks(2)
-                .filter_map(|pair| super::parse_member(&pair[0], pair.get(1)?))
-                .collect())
+            let read = self.presence_call(me, candidate, routes, ttl, None).await?;
+            Ok(read.members)
         }
         .boxed()
+    }
+
+    /// The script turns every ended record into a departure before it
+    /// reads, so a record is gone once it has ended, never before: the
+    /// horizon asks nothing more here.
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        _horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        async move { self.presence_call(me, candidate, routes, ttl, since).await }.boxed()
     }
 
     fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
@@ -576,6 +648,9 @@ impl LeaseStore for RedisStore {
                 .leave
                 .key(self.members_key("set"))
                 .key(self.members_key("info"))
+                .key(self.members_key("seq"))
+                .key(self.members_key("changes"))
+                .key(self.members_key("epoch"))
                 .arg(&me.id)
                 .arg(self.channel())
                 .invoke_async(&mut c)

@@ -14,10 +14,12 @@ use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 
-use super::sql::{self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberRow, PartitionRow, Target};
+use super::sql::{
+    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, PartitionRow, Target,
+};
 use super::{
     check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
+    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError,
 };
 
 /// How often subscribers look at the generation counter.
@@ -45,7 +47,7 @@ struct Statements {
     generation: String,
     presence_write: String,
     presence_prune: String,
-    presence_read: String,
+    presence_changes: String,
     leave: String,
     wake: String,
     partitions: String,
@@ -75,7 +77,7 @@ impl Statements {
             generation: render(include_str!("sql/sqlite/generation.sql")),
             presence_write: render(include_str!("sql/sqlite/presence_write.sql")),
             presence_prune: render(include_str!("sql/sqlite/presence_prune.sql")),
-            presence_read: render(include_str!("sql/sqlite/presence_read.sql")),
+            presence_changes: render(include_str!("sql/sqlite/presence_changes.sql")),
             leave: render(include_str!("sql/sqlite/leave.sql")),
             wake: render(include_str!("sql/sqlite/wake.sql")),
             partitions: render(include_str!("sql/sqlite/partitions.sql")),
@@ -154,13 +156,15 @@ fn json(op: &'static str, value: &impl serde::Serialize) -> Result<String, Store
 
 impl SqliteStore {
     /// Write, prune and read in one transaction: one visit to the file.
+    /// Reads every live record (`since` `None`) or the changes after
+    /// generation `since`; returns the generation, live and gone members.
     async fn presence_call(
         &self,
         me: &InstanceInfo,
-        candidate: bool,
-        routes: &str,
-        ttl: Duration,
-    ) -> Result<Vec<Member>, StoreError> {
+        (candidate, routes, ttl): (bool, &str, Duration),
+        since: Option<i64>,
+        horizon: Duration,
+    ) -> Result<(u64, Vec<Member>, Vec<String>), StoreError> {
         let mut tx = self.pool.begin().await.map_err(self.error("presence"))?;
         sqlx::query(&self.sql.presence_write)
             .bind(&me.id)
@@ -175,12 +179,14 @@ impl SqliteStore {
             .execute(&mut *tx)
             .await
             .map_err(self.error("presence"))?;
-        let rows = sqlx::query_as::<_, MemberRow>(&self.sql.presence_read)
+        let rows = sqlx::query_as::<_, MemberChangeRow>(&self.sql.presence_changes)
+            .bind(since)
+            .bind(millis(horizon))
             .fetch_all(&mut *tx)
             .await
             .map_err(self.error("presence"))?;
         tx.commit().await.map_err(self.error("presence"))?;
-        Ok(rows.into_iter().map(Member::from).collect())
+        Ok(sql::member_changes_from_rows(rows).unwrap_or_default())
     }
 
     /// Adds `column` (declared `decl`) to the table `{table}{suffix}` made
@@ -286,6 +292,8 @@ impl LeaseStore for SqliteStore {
             self.add_column("_members", "routes", "TEXT NOT NULL DEFAULT ''")
                 .await?;
             self.add_column("", "changed", "INTEGER NOT NULL DEFAULT 0")
+                .await?;
+            self.add_column("_members", "changed", "INTEGER NOT NULL DEFAULT 0")
                 .await?;
             sqlx::raw_sql(&self.sql.mark)
                 .execute(&self.pool)
@@ -456,7 +464,54 @@ impl LeaseStore for SqliteStore {
         routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        self.presence_call(me, candidate, routes, ttl).boxed()
+        async move {
+            let record = (candidate, routes, ttl);
+            let (_, members, _) = self.presence_call(me, record, None, Duration::ZERO).await?;
+            Ok(members)
+        }
+        .boxed()
+    }
+
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        async move {
+            let record = (candidate, routes, ttl);
+            if let Some(since) = since {
+                let position = since.position as i64;
+                let read = self.presence_call(me, record, Some(position), horizon);
+                let (next, members, gone) = read.await?;
+                // The generation goes back only with another database file.
+                if next >= since.position {
+                    return Ok(MemberChanges {
+                        full: false,
+                        members,
+                        gone,
+                        cursor: Cursor {
+                            epoch: 0,
+                            position: next,
+                        },
+                    });
+                }
+            }
+            let (next, members, _) = self.presence_call(me, record, None, horizon).await?;
+            Ok(MemberChanges {
+                full: true,
+                members,
+                gone: Vec::new(),
+                cursor: Cursor {
+                    epoch: 0,
+                    position: next,
+                },
+            })
+        }
+        .boxed()
     }
 
     fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {

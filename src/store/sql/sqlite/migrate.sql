@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS {table}_members (
     address        TEXT NOT NULL,
     candidate      INTEGER NOT NULL,
     expires_at_ms  INTEGER NOT NULL,
-    routes         TEXT NOT NULL DEFAULT ''
+    routes         TEXT NOT NULL DEFAULT '',
+    changed        INTEGER NOT NULL DEFAULT 0
 );
 -- Partition definitions: what decides which role owns a key. The epoch goes
 -- up with every change; no instance serves the partition before
