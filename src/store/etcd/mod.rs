@@ -53,8 +53,8 @@ use super::error::{with_sources, BoxError};
 use super::tls::etcd_uses_https;
 use super::{
     check_table_name, check_tls_rules, feed, ChangeFeed, Changes, Claim, Cursor, Grant,
-    InstanceInfo, LeaseRecord, LeaseStore, Member, PartitionRecord, RoleName, StoreError,
-    StoreKind, StoreTls, TlsRuleError,
+    InstanceInfo, LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName,
+    StoreError, StoreKind, StoreTls, TlsRuleError,
 };
 use keepalive::{InstanceLease, Renewal};
 use members::{CallError, Members, Patience};
@@ -134,6 +134,8 @@ pub struct EtcdStore {
     one_shot: std::sync::Mutex<HashMap<(String, u64), once::OneShotTerm>>,
     /// The changes to role keys since the last full read ([`changes`]).
     log: changes::SharedLog,
+    /// Per instance, what its reads of presence changes know ([`presence`]).
+    presence_views: std::sync::Mutex<HashMap<String, presence::PresenceView>>,
 }
 
 impl EtcdStore {
@@ -195,6 +197,7 @@ impl EtcdStore {
             read_revision: Arc::new(AtomicI64::new(0)),
             one_shot: std::sync::Mutex::new(HashMap::new()),
             log: changes::SharedLog::default(),
+            presence_views: std::sync::Mutex::new(HashMap::new()),
         })
     }
 
@@ -540,6 +543,19 @@ impl LeaseStore for EtcdStore {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
         self.presence_call(me, candidate, routes, ttl).boxed()
+    }
+
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        _horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        self.presence_changes_call(me, candidate, routes, ttl, since)
+            .boxed()
     }
 
     fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
