@@ -6,8 +6,9 @@
 //!  [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn]
 //!  [--settle S] [--reads changes|full] [--json FILE]`
 //!
-//! `--reads full` makes every read of the lease records a full read (the
-//! way before reads of changes), for a baseline in the same run.
+//! `--reads full` makes every read of the lease and presence records a
+//! full read (the way before reads of changes), for a baseline in the same
+//! run.
 //!
 //! `--settle` bounds each wait for balance (default 30 s plus a tick per
 //! role a member may have to take over).
@@ -42,7 +43,7 @@ use futures_util::future::BoxFuture;
 use rolegate::lease::LeaseEvent;
 use rolegate::store::{
     ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member,
-    PartitionRecord, RoleName, StoreError,
+    MemberChanges, PartitionRecord, RoleName, StoreError,
 };
 use rolegate::{Coordinator, CoordinatorBuilder, LeaseTimings};
 
@@ -67,7 +68,10 @@ struct Counts {
     rows: AtomicU64,
     /// Of `rows`, the lease records (full reads and reads of changes).
     lease_rows: AtomicU64,
-    /// `--reads full`: every read of the lease records reads every role.
+    /// Of `rows`, the presence records.
+    presence_rows: AtomicU64,
+    /// `--reads full`: every read of the lease and presence records reads
+    /// them all.
     full_reads: bool,
     claims_ns: Mutex<Vec<u64>>,
 }
@@ -159,6 +163,30 @@ impl LeaseStore for Counting {
         Box::pin(async move {
             let out = self.inner.presence(me, candidate, routes, ttl).await;
             let rows = out.as_ref().map_or(0, Vec::len);
+            self.counts
+                .presence_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
+            self.read(rows, out)
+        })
+    }
+    fn presence_changes<'a>(
+        &'a self,
+        me: &'a InstanceInfo,
+        candidate: bool,
+        routes: &'a str,
+        ttl: Duration,
+        since: Option<Cursor>,
+        horizon: Duration,
+    ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
+        Box::pin(async move {
+            let since = since.filter(|_| !self.counts.full_reads);
+            let out = (self.inner)
+                .presence_changes(me, candidate, routes, ttl, since, horizon)
+                .await;
+            let rows = out.as_ref().map_or(0, |c| c.members.len() + c.gone.len());
+            self.counts
+                .presence_rows
+                .fetch_add(rows as u64, Ordering::Relaxed);
             self.read(rows, out)
         })
     }
@@ -381,6 +409,7 @@ async fn main() {
     sim.counts.calls.store(0, Ordering::Relaxed);
     sim.counts.rows.store(0, Ordering::Relaxed);
     sim.counts.lease_rows.store(0, Ordering::Relaxed);
+    sim.counts.presence_rows.store(0, Ordering::Relaxed);
     sim.counts.claims_ns.lock().unwrap().clear();
     let cpu_before = store_cpu_seconds();
     let started = Instant::now();
@@ -389,15 +418,17 @@ async fn main() {
     let cpu = (store_cpu_seconds() - cpu_before) / secs;
     let rows = sim.counts.rows.load(Ordering::Relaxed) as f64 / secs;
     let lease_rows = sim.counts.lease_rows.load(Ordering::Relaxed) as f64 / secs;
+    let presence_rows = sim.counts.presence_rows.load(Ordering::Relaxed) as f64 / secs;
     let calls = sim.counts.calls.load(Ordering::Relaxed) as f64 / secs;
     let per_tick = |per_s: f64| per_s / c as f64 * timings().renew_interval.as_secs_f64();
     let mut claims = std::mem::take(&mut *sim.counts.claims_ns.lock().unwrap());
     claims.sort_unstable();
     let rss = resident_bytes().saturating_sub(rss_before) as f64 / c as f64;
     println!(
-        "  steady: {rows:.0} rows read/s ({:.1} per coordinator per tick; lease records {lease_rows:.0}/s, {:.1} per coordinator per tick), {calls:.0} store calls/s, store CPU {:.0} %, claim p50 {:.1} ms p99 {:.1} ms, {:.0} KiB per coordinator",
+        "  steady: {rows:.0} rows read/s ({:.1} per coordinator per tick: lease {:.1}, presence {:.1}), {calls:.0} store calls/s, store CPU {:.0} %, claim p50 {:.1} ms p99 {:.1} ms, {:.0} KiB per coordinator",
         per_tick(rows),
         per_tick(lease_rows),
+        per_tick(presence_rows),
         cpu * 100.0,
         percentile(&claims, 0.5),
         percentile(&claims, 0.99),
@@ -408,6 +439,8 @@ async fn main() {
         "rows_per_coordinator_per_tick": per_tick(rows),
         "lease_rows_per_s": lease_rows,
         "lease_rows_per_coordinator_per_tick": per_tick(lease_rows),
+        "presence_rows_per_s": presence_rows,
+        "presence_rows_per_coordinator_per_tick": per_tick(presence_rows),
         "store_calls_per_s": calls,
         "store_cpu": cpu,
         "claim_p50_ms": percentile(&claims, 0.5),

@@ -12,7 +12,7 @@ use tokio::sync::broadcast;
 
 use super::{
     feed, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo, LeaseRecord, LeaseStore, Member,
-    MemberChanges, PartitionRecord, RoleName, StoreError,
+    MemberChanges, PartitionRecord, RoleName, StoreError, Tally,
 };
 
 #[derive(Debug, Clone)]
@@ -302,6 +302,23 @@ impl LeaseStore for MemoryStore {
                 records,
                 cursor,
             })
+        }
+        .boxed()
+    }
+
+    fn tally<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+    ) -> BoxFuture<'a, Result<Option<Tally>, StoreError>> {
+        async move {
+            let t = self.lock();
+            let mut tally = Tally::default();
+            for r in roles.iter().filter_map(|r| t.get(r.as_str())) {
+                tally.records += 1;
+                tally.holders += u64::from(r.holder.is_some());
+                tally.tokens = tally.tokens.wrapping_add(r.token);
+            }
+            Ok(Some(tally))
         }
         .boxed()
     }

@@ -181,6 +181,20 @@ pub struct Changes {
     pub cursor: Cursor,
 }
 
+/// What a store holds for a set of roles, in three numbers: the check
+/// that a reader's view, built from reads of changes, still matches the
+/// store without reading every record ([`LeaseStore::tally`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Tally {
+    /// Records found.
+    pub records: u64,
+    /// Records naming a holder (expired or not).
+    pub holders: u64,
+    /// The sum of their tokens. Tokens only grow, so a new term the view
+    /// missed shows here; a missed release shows in `holders`.
+    pub tokens: u64,
+}
+
 /// What [`LeaseStore::presence_changes`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberChanges {
@@ -270,6 +284,19 @@ pub trait LeaseStore: Send + Sync + 'static {
                 cursor: Cursor::default(),
             })
         })
+    }
+
+    /// Counts the records of `roles` in one round trip, changing nothing
+    /// ([`Tally`]), so a reader of changes can check its view without
+    /// reading every record. `None`: this store keeps no such count (its
+    /// tokens are too large to sum, or reading them costs as much as a full
+    /// read); the reader then reads everything instead. The default: `None`.
+    fn tally<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+    ) -> BoxFuture<'a, Result<Option<Tally>, StoreError>> {
+        let _ = roles;
+        Box::pin(async { Ok(None) })
     }
 
     /// Starts the change feed. It survives connection loss by reconnecting.

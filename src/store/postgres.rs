@@ -14,12 +14,13 @@ use sqlx::postgres::{
 use sqlx::Connection;
 
 use super::sql::{
-    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, MemberRow, PartitionRow, Target,
+    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, MemberRow, PartitionRow,
+    TallyRow, Target,
 };
 use super::tls::PgTlsParams;
 use super::{
     check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError,
+    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError, Tally,
 };
 
 /// How long the direct connection attempt that explains a pool timeout may take.
@@ -43,6 +44,8 @@ struct Statements {
     snapshot_all: String,
     changes: String,
     changes_full: String,
+    tally: String,
+    changes_all: String,
     presence: String,
     presence_changes: String,
     leave: String,
@@ -70,7 +73,13 @@ impl Statements {
             snapshot: render(include_str!("sql/postgres/snapshot.sql")),
             snapshot_all: render(include_str!("sql/postgres/snapshot_all.sql")),
             changes: render(include_str!("sql/postgres/changes.sql")),
-            changes_full: render(include_str!("sql/postgres/changes_full.sql")),
+            tally: render(include_str!("sql/postgres/tally.sql")),
+            // By name (an index lookup each), or every row: one statement
+            // for both would read every row and search the names for each.
+            changes_full: render(include_str!("sql/postgres/changes_full.sql"))
+                .replace("{roles}", "role = ANY($1::text[])"),
+            changes_all: render(include_str!("sql/postgres/changes_full.sql"))
+                .replace("{roles}", "cardinality($1::text[]) = 0"),
             presence: render(include_str!("sql/postgres/presence.sql")),
             presence_changes: render(include_str!("sql/postgres/presence_changes.sql")),
             leave: render(include_str!("sql/postgres/leave.sql")),
@@ -283,7 +292,11 @@ impl LeaseStore for PostgresStore {
                     }
                 }
             }
-            let query = sqlx::query_as::<_, ChangeRow>(&self.sql.changes_full).bind(names(roles));
+            let full = match roles.is_empty() {
+                true => &self.sql.changes_all,
+                false => &self.sql.changes_full,
+            };
+            let query = sqlx::query_as::<_, ChangeRow>(full).bind(names(roles));
             let rows = self.run("snapshot", query.fetch_all(&self.pool)).await?;
             let (next, records) = sql::changes_from_rows(rows).unwrap_or_default();
             Ok(Changes {
@@ -326,6 +339,18 @@ impl LeaseStore for PostgresStore {
                     missing: missing.join(", "),
                 })
             }
+        }
+        .boxed()
+    }
+
+    fn tally<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+    ) -> BoxFuture<'a, Result<Option<Tally>, StoreError>> {
+        async move {
+            let query = sqlx::query_as::<_, TallyRow>(&self.sql.tally).bind(names(roles));
+            let row = self.run("tally", query.fetch_one(&self.pool)).await?;
+            Ok(Some(Tally::from(row)))
         }
         .boxed()
     }
@@ -525,7 +550,9 @@ mod tests {
             &s.snapshot,
             &s.snapshot_all,
             &s.changes,
+            &s.tally,
             &s.changes_full,
+            &s.changes_all,
             &s.presence,
             &s.presence_changes,
             &s.leave,

@@ -8,7 +8,7 @@
 use std::borrow::Cow;
 use std::time::Duration;
 
-use super::{Grant, LeaseRecord, Member, PartitionRecord, StoreError};
+use super::{Grant, LeaseRecord, Member, PartitionRecord, StoreError, Tally};
 
 /// The `op` of a failed connection attempt, for [`Target::error`].
 pub(super) const CONNECT: &str = "connect";
@@ -81,6 +81,24 @@ pub(super) fn changes_from_rows(rows: Vec<ChangeRow>) -> Option<(u64, Vec<LeaseR
         next,
         rows.into_iter().filter_map(ChangeRow::record).collect(),
     ))
+}
+
+/// What the tally statements return.
+#[derive(sqlx::FromRow)]
+pub(super) struct TallyRow {
+    records: i64,
+    holders: i64,
+    tokens: i64,
+}
+
+impl From<TallyRow> for Tally {
+    fn from(row: TallyRow) -> Self {
+        Tally {
+            records: row.records.max(0) as u64,
+            holders: row.holders.max(0) as u64,
+            tokens: row.tokens as u64,
+        }
+    }
 }
 
 /// A granted role as the claim statements return it.

@@ -15,11 +15,11 @@ use sqlx::sqlite::{
 };
 
 use super::sql::{
-    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, PartitionRow, Target,
+    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, PartitionRow, TallyRow, Target,
 };
 use super::{
     check_table_name, feed, millis, ChangeFeed, Changes, Claim, Cursor, Grant, InstanceInfo,
-    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError,
+    LeaseRecord, LeaseStore, Member, MemberChanges, PartitionRecord, RoleName, StoreError, Tally,
 };
 
 /// How often subscribers look at the generation counter.
@@ -43,6 +43,7 @@ struct Statements {
     snapshot_all: String,
     changes: String,
     changes_full: String,
+    tally: String,
     mark: String,
     generation: String,
     presence_write: String,
@@ -72,6 +73,7 @@ impl Statements {
             snapshot: render(include_str!("sql/sqlite/snapshot.sql")),
             snapshot_all: render(include_str!("sql/sqlite/snapshot_all.sql")),
             changes: render(include_str!("sql/sqlite/changes.sql")),
+            tally: render(include_str!("sql/sqlite/tally.sql")),
             changes_full: render(include_str!("sql/sqlite/changes_full.sql")),
             mark: render(include_str!("sql/sqlite/mark.sql")),
             generation: render(include_str!("sql/sqlite/generation.sql")),
@@ -422,6 +424,21 @@ impl LeaseStore for SqliteStore {
         .boxed()
     }
 
+    fn tally<'a>(
+        &'a self,
+        roles: &'a [RoleName],
+    ) -> BoxFuture<'a, Result<Option<Tally>, StoreError>> {
+        async move {
+            let row = sqlx::query_as::<_, TallyRow>(&self.sql.tally)
+                .bind(json("tally", &roles)?)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(self.error("tally"))?;
+            Ok(Some(Tally::from(row)))
+        }
+        .boxed()
+    }
+
     fn subscribe(&self) -> BoxFuture<'_, Result<ChangeFeed, StoreError>> {
         async move {
             let pool = self.pool.clone();
@@ -581,6 +598,7 @@ mod tests {
             &s.snapshot,
             &s.snapshot_all,
             &s.changes,
+            &s.tally,
             &s.changes_full,
             &s.mark,
             &s.generation,

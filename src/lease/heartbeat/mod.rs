@@ -35,9 +35,12 @@ use crate::telemetry;
 /// of term changes elsewhere costs a handful of ticks, not one per change.
 const NOTICE_COALESCE: Duration = Duration::from_millis(5);
 
-/// Reads of changes between two full reads of every role. A change the
-/// store's history missed (a trigger disabled by hand, a restored backup)
-/// is therefore in the view no later than this many ticks after it.
+/// Reads of changes between two checks of the whole view: a store's
+/// [tally](crate::store::LeaseStore::tally) compared with the view's (a
+/// full read when they differ), or a full read for a store without one. A
+/// change the store's history missed (a trigger disabled by hand, a
+/// restored backup) is therefore in the view within this many ticks and
+/// one more. Presence is read in full this often.
 pub(crate) const RESYNC_EVERY: u32 = 60;
 
 /// A term that failed closed here (see [`LoopRole::lapsed`]).
@@ -67,6 +70,8 @@ struct LoopRole {
     gauge_held: Option<bool>,
     /// Since when the store has shown the role without a live holder.
     free_since: Option<Instant>,
+    /// Whether the last full read (or a read of changes since) had a record.
+    recorded: bool,
     /// A term that failed closed here and that the store may still keep:
     /// its token, which the next claim offers to resume that term, and the
     /// earliest time the store may let it expire (the last grant's send
@@ -116,6 +121,7 @@ impl HeartbeatLoop {
                 },
                 gauge_held: None,
                 free_since: None,
+                recorded: false,
                 lapsed: None,
             })
             .collect();
@@ -348,7 +354,7 @@ impl HeartbeatLoop {
             .snapshot_calls
             .fetch_add(1, Ordering::Relaxed);
         self.calls_this_tick += 1;
-        let since = self.cursor.filter(|_| self.since_full < RESYNC_EVERY);
+        let since = self.cursor;
         let t_sent = Instant::now();
         let read = shared.store().changes(shared.names(), since, self.horizon);
         let result = tokio::time::timeout(shared.op_timeout(), read).await;
@@ -373,6 +379,9 @@ impl HeartbeatLoop {
         if changes.full {
             shared.counters().full_reads.fetch_add(1, Ordering::Relaxed);
             self.since_full = 0;
+            for r in &mut self.roles {
+                r.recorded = false;
+            }
             if changes.records.len() < shared.names().len() {
                 // Rows vanished (a restored or new database): register them again.
                 tracing::warn!(
@@ -407,6 +416,32 @@ impl HeartbeatLoop {
                 self.apply_record(i, &rec, t_recv);
             }
         }
+        if !changes.full && self.since_full >= RESYNC_EVERY {
+            self.check_view().await;
+        }
+    }
+
+    /// Compares the view with the store's tally: equal, the reads of
+    /// changes go on; different, unknown or failed, the next read is full.
+    async fn check_view(&mut self) {
+        let shared = self.shared.clone();
+        self.calls_this_tick += 1;
+        let tally = shared.store().tally(shared.names());
+        let answer = tokio::time::timeout(shared.op_timeout(), tally).await;
+        let mut mine = crate::store::Tally::default();
+        for r in self.roles.iter().filter(|r| r.recorded) {
+            mine.records += 1;
+            mine.holders += u64::from(r.state.holder.is_some());
+            mine.tokens = mine.tokens.wrapping_add(r.state.token);
+        }
+        match answer {
+            Ok(Ok(Some(tally))) if tally == mine => self.since_full = 0,
+            Ok(Ok(Some(tally))) => {
+                tracing::info!(?tally, view = ?mine, "the lease view differs from the store's; reading every role");
+                self.cursor = None;
+            }
+            _ => self.cursor = None,
+        }
     }
 
     /// Applies what the store says about role `i`, read at `t_recv`.
@@ -421,6 +456,7 @@ impl HeartbeatLoop {
             }
         }
         let r = &mut self.roles[i];
+        r.recorded = true;
         if r.lapsed.is_some_and(|l| !mine || rec.token != l.token) {
             // Another term, or a release: the lapsed one cannot resume.
             r.lapsed = None;
