@@ -14,7 +14,8 @@
 //! role a member may have to take over).
 //!
 //! Steady state (after every role is held and each coordinator holds its
-//! fair share), for `--measure` seconds: the records the store returned per
+//! fair share, and then no term began for three renew intervals, each
+//! wait bounded by `--settle`), for `--measure` seconds: the records the store returned per
 //! second (rows read) and store calls per second, counted by a wrapper
 //! around each coordinator's store; the store server's CPU (every process
 //! named `postgres` or `etcd` on this machine, from /proc); claim latency
@@ -293,6 +294,31 @@ impl Sim {
         shares.iter().sum::<usize>() == roles && shares.iter().all(|s| (low..=high).contains(s))
     }
 
+    /// Terms begun so far.
+    fn began(&self) -> usize {
+        let events = self.events.lock().unwrap();
+        (events.iter())
+            .filter(|e| matches!(e, LeaseEvent::Began { .. }))
+            .count()
+    }
+
+    /// How long until no term began for three renew intervals (the
+    /// balance has moved every role to its preferred holder), or `None`
+    /// past `limit`.
+    async fn until_quiet(&self, limit: Duration) -> Option<Duration> {
+        let started = Instant::now();
+        let mut seen = self.began();
+        while started.elapsed() < limit {
+            tokio::time::sleep(timings().renew_interval * 3).await;
+            let now = self.began();
+            if now == seen {
+                return Some(started.elapsed());
+            }
+            seen = now;
+        }
+        None
+    }
+
     /// How long until balanced, or `None` past `limit`.
     async fn until_balanced(&self, limit: Duration) -> Option<Duration> {
         let started = Instant::now();
@@ -405,7 +431,15 @@ async fn main() {
             "{d:.1?}"
         ))
     );
-    // Steady state, balanced or not: the load is what it is.
+    // Balanced by counts, roles may still be moving to their preferred
+    // holders: measure once terms stop beginning (or the limit passed).
+    let quiet_in = sim.until_quiet(limit).await;
+    report["quiet_in_s"] = serde_json::json!(quiet_in.map(|d| d.as_secs_f64()));
+    println!(
+        "  quiet (no term began for 3 renew intervals) {} later",
+        quiet_in.map_or("— (not within the limit)".to_string(), |d| format!("{d:.1?}"))
+    );
+    // Steady state, quiet or not: the load is what it is.
     sim.counts.calls.store(0, Ordering::Relaxed);
     sim.counts.rows.store(0, Ordering::Relaxed);
     sim.counts.lease_rows.store(0, Ordering::Relaxed);
