@@ -4,7 +4,12 @@
 //!
 //! `cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL
 //!  [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn]
-//!  [--settle S] [--reads changes|full] [--json FILE]`
+//!  [--settle S] [--reads changes|full] [--balance on|off] [--json FILE]`
+//!
+//! `--balance off` leaves the roles where they fall (the first claims
+//! spread them): a steady state at once, where a balanced partition of
+//! thousands of roles takes minutes to settle, since a holder hands over one
+//! role per tick.
 //!
 //! `--reads full` makes every read of the lease and presence records a
 //! full read (the way before reads of changes), for a baseline in the same
@@ -257,6 +262,8 @@ struct Sim {
     counts: Arc<Counts>,
     events: Arc<Mutex<Vec<LeaseEvent>>>,
     roles: u32,
+    /// Whether the partition is balanced.
+    balance: bool,
     members: Vec<Coordinator>,
     joined: usize,
 }
@@ -269,10 +276,14 @@ impl Sim {
             counts: self.counts.clone(),
         });
         let events = self.events.clone();
-        let c = CoordinatorBuilder::new(store)
+        let mut builder = CoordinatorBuilder::new(store)
             .instance_name(format!("sim{}", self.joined))
             .advertise(format!("http://127.0.0.1:{}", 10_000 + self.joined))
-            .partition(PARTITION, self.roles, timings())
+            .partition(PARTITION, self.roles, timings());
+        if !self.balance {
+            builder = builder.balance(PARTITION, None);
+        }
+        let c = builder
             .on_lease_event(move |e| {
                 if !matches!(e, LeaseEvent::Renewed { .. }) {
                     events.lock().unwrap().push(e);
@@ -284,14 +295,16 @@ impl Sim {
         self.members.push(c);
     }
 
-    /// Every role held, each member within one of its fair share.
+    /// Every role held, each member within one of its fair share (without
+    /// balance: every role held).
     fn balanced(&self) -> bool {
         let (roles, n) = (self.roles as usize, self.members.len());
         let (low, high) = (roles / n, roles.div_ceil(n));
         let shares: Vec<usize> = (self.members.iter())
             .map(|c| c.partition(PARTITION).map_or(0, |p| p.held_here()))
             .collect();
-        shares.iter().sum::<usize>() == roles && shares.iter().all(|s| (low..=high).contains(s))
+        let fair = !self.balance || shares.iter().all(|s| (low..=high).contains(s));
+        shares.iter().sum::<usize>() == roles && fair
     }
 
     /// Terms begun so far.
@@ -376,7 +389,7 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 #[tokio::main]
 async fn main() {
     let (Some(kind), Some(url)) = (arg("--store"), arg("--url")) else {
-        eprintln!("usage: cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn] [--settle S] [--reads changes|full] [--json FILE]");
+        eprintln!("usage: cargo bench --bench sim --features etcd -- --store postgres|etcd --url URL [--coordinators C] [--roles R] [--clients K] [--measure S] [--churn] [--settle S] [--reads changes|full] [--balance on|off] [--json FILE]");
         std::process::exit(2);
     };
     let c = number("--coordinators", 10) as usize;
@@ -384,6 +397,11 @@ async fn main() {
     let clients = number("--clients", c as u64).max(1) as usize;
     let measure = Duration::from_secs(number("--measure", 10));
     let churn = std::env::args().any(|a| a == "--churn");
+    let balance = match arg("--balance").as_deref() {
+        None | Some("on") => true,
+        Some("off") => false,
+        Some(other) => panic!("--balance takes on or off, got {other}"),
+    };
     let full_reads = match arg("--reads").as_deref() {
         None | Some("changes") => false,
         Some("full") => true,
@@ -403,6 +421,7 @@ async fn main() {
         }),
         events: Arc::new(Mutex::new(Vec::new())),
         roles,
+        balance,
         members: Vec::new(),
         joined: 0,
     };
@@ -422,11 +441,13 @@ async fn main() {
         "roles": roles,
         "clients": clients,
         "reads": if full_reads { "full" } else { "changes" },
+        "balance": balance,
         "balanced_in_s": balanced_in.map(|d| d.as_secs_f64()),
     });
     println!(
-        "{kind} C={c} R={roles} clients={clients} reads={}: balanced in {}",
+        "{kind} C={c} R={roles} clients={clients} reads={} balance={}: balanced in {}",
         if full_reads { "full" } else { "changes" },
+        if balance { "on" } else { "off" },
         balanced_in.map_or("— (not within the limit)".to_string(), |d| format!(
             "{d:.1?}"
         ))
@@ -437,7 +458,9 @@ async fn main() {
     report["quiet_in_s"] = serde_json::json!(quiet_in.map(|d| d.as_secs_f64()));
     println!(
         "  quiet (no term began for 3 renew intervals) {} later",
-        quiet_in.map_or("— (not within the limit)".to_string(), |d| format!("{d:.1?}"))
+        quiet_in.map_or("— (not within the limit)".to_string(), |d| format!(
+            "{d:.1?}"
+        ))
     );
     // Steady state, quiet or not: the load is what it is.
     sim.counts.calls.store(0, Ordering::Relaxed);

@@ -381,7 +381,9 @@ impl LeaseStore for MemoryStore {
                     if p.changed > since.position {
                         live.push(p.member.clone());
                     }
-                } else if p.changed > since.position || p.until + horizon >= now {
+                } else if p.changed > since.position || p.until + horizon * 3 >= now {
+                    // Ended since the cursor, or lately (expiry is no
+                    // change of its own; a reader reads every tick).
                     gone.push(id.clone());
                 }
             }

@@ -20,7 +20,8 @@ use super::members::Patience;
 use super::EtcdStore;
 use crate::store::{Changes, Cursor, LeaseRecord, RoleName, StoreError};
 
-/// Changes a log keeps at most; a reader further behind gets a full read.
+/// Changes a log keeps at most (a reader trims what it has read); a reader
+/// further behind gets a full read.
 const KEPT: usize = 65_536;
 
 /// The changes to role keys since a watch began.
@@ -67,17 +68,24 @@ impl EtcdStore {
                 .await
                 .map_err(self.error("snapshot"))?;
             let now = count.header().map_or(0, |h| h.revision());
-            let position = i64::try_from(since.position).unwrap_or(i64::MAX);
-            let log = lock(&self.log);
+            let read = i64::try_from(since.position).unwrap_or(i64::MAX);
+            let mut log = lock(&self.log);
             // A cursor from beyond the cluster's revision is from another
             // cluster (or a restored one): read everything.
-            let known = position >= log.base && position <= now.max(log.upto);
+            let known = read >= log.base && read <= now.max(log.upto);
             if log.live && log.epoch == since.epoch && known {
                 let records = (log.entries.iter())
-                    .filter(|(rev, _)| *rev > position)
+                    .filter(|(rev, _)| *rev > read)
                     .map(|(_, record)| record.clone())
                     .collect();
-                let position = log.upto.max(position) as u64;
+                let position = log.upto.max(read) as u64;
+                // What this reader has read goes: another reader of the
+                // same client further behind gets a full read instead.
+                while log.entries.front().is_some_and(|(rev, _)| *rev <= read) {
+                    if let Some((rev, _)) = log.entries.pop_front() {
+                        log.base = rev;
+                    }
+                }
                 return Ok(Changes {
                     full: false,
                     records,

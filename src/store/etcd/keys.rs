@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 
 use super::members::{self, CallError};
 use super::{EtcdStore, MAX_TXN_OPS};
-use crate::store::{InstanceInfo, LeaseRecord, StoreError};
+use crate::store::{Grant, InstanceInfo, LeaseRecord, StoreError};
 
 /// A role key's value.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -188,6 +188,45 @@ impl EtcdStore {
             .succeeded()
             .then(|| resp.header().map(|h| (role, h.revision() as u64)))
             .flatten())
+    }
+
+    /// Begins a new term for each `(role, seen)` of `batch` in one
+    /// transaction of nested ones, each putting its key attached to `lease`
+    /// if it is still absent (`seen` None) or still at the token `seen`,
+    /// as [`Self::begin_term`] does for one. Every put of the transaction
+    /// has its revision, which is each new term's token.
+    pub(super) async fn begin_terms(
+        &self,
+        batch: &[(String, Option<u64>)],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Vec<Grant>, StoreError> {
+        let ops: Vec<TxnOp> = (batch.iter())
+            .map(|(role, seen)| {
+                let key = self.lease_key(role);
+                let unchanged = match seen {
+                    Some(token) => {
+                        Compare::mod_revision(key.clone(), CompareOp::Equal, *token as i64)
+                    }
+                    None => Compare::version(key.clone(), CompareOp::Equal, 0),
+                };
+                let options = PutOptions::new().with_lease(lease);
+                let put = TxnOp::put(key, value.to_vec(), Some(options));
+                TxnOp::txn(Txn::new().when([unchanged]).and_then([put]))
+            })
+            .collect();
+        let resp = self.write_txn(Txn::new().and_then(ops), "acquire").await?;
+        let Some(revision) = resp.header().map(|h| h.revision() as u64) else {
+            return Ok(Vec::new());
+        };
+        Ok((batch.iter())
+            .zip(resp.op_responses())
+            .filter(|(_, op)| matches!(op, TxnOpResponse::Txn(t) if t.succeeded()))
+            .map(|((role, _), _)| Grant {
+                role: role.clone(),
+                token: revision,
+            })
+            .collect())
     }
 
     /// The time left on each holder's term, for keys without a TTL in their

@@ -346,12 +346,16 @@ impl EtcdStore {
                 Some(_) => continue,
                 None => None,
             };
-            attempts.push(self.begin_term(c.role.to_string(), seen, &value, lease));
+            attempts.push((c.role.to_string(), seen));
         }
-        for result in join_all(attempts).await {
-            if let Some((role, token)) = result? {
-                grants.push(Grant { role, token });
-            }
+        // Terms begin in batches, one transaction each with a nested one
+        // per role (its own compare), the batches sent concurrently. etcd
+        // lets a nested transaction have only the operations its parent
+        // leaves of `--max-txn-ops`: half each.
+        let batches = attempts.chunks(MAX_TXN_OPS / 2);
+        let begun = batches.map(|batch| self.begin_terms(batch, &value, lease));
+        for result in join_all(begun).await {
+            grants.extend(result?);
         }
         Ok(grants)
     }

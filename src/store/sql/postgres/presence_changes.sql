@@ -2,10 +2,11 @@
 -- fingerprint, $6 the cursor (NULL: a full read), $7 the horizon in ms.
 -- Writes this instance's presence record as presence.sql does, then reads
 -- either every live record (full) or the records added, changed, revived
--- or ended by a transaction from $6 on, and those that ended within the
--- horizon before now; `live` says which are gone. Each row carries the
--- next cursor (see changes.sql); this instance's own record comes last,
--- on a full read or when this write changed it.
+-- or ended by a transaction from $6 on, and those that ended within three
+-- horizons before now (a reader reads every tick, well within that);
+-- `live` says which are gone. Each row carries the next cursor (see
+-- changes.sql); this instance's own record comes last, on a full read or
+-- when this write changed it.
 WITH me AS (
     INSERT INTO {table}_members AS m (instance_id, address, candidate, expires_at, routes)
     VALUES ($1, $2, $3, clock_timestamp() + $4 * interval '1 millisecond', $5)
@@ -27,7 +28,7 @@ FROM s LEFT JOIN LATERAL (
       AND CASE WHEN $6::bigint IS NULL THEN expires_at > s.now
                ELSE changed >= $6::bigint
                     OR (expires_at <= s.now
-                        AND expires_at > s.now - $7 * interval '1 millisecond') END
+                        AND expires_at > s.now - 3 * $7 * interval '1 millisecond') END
 ) AS o ON true
 UNION ALL
 SELECT s.next, me.instance_id, me.address, me.candidate, me.routes, true FROM s, me
