@@ -90,7 +90,7 @@ pub(super) struct HeartbeatLoop {
     read_ok: bool,
     /// Where the next read of changes starts; `None`: read everything.
     cursor: Option<crate::store::Cursor>,
-    /// Reads of changes since the last full read.
+    /// Reads of changes since the last full read or check.
     since_full: u32,
     /// A holder missing from a read of changes has at least this long left.
     horizon: Duration,
@@ -345,8 +345,9 @@ impl HeartbeatLoop {
     }
 
     /// Reads the store's view of every role: everything on the first tick,
-    /// after a failed read and every [`RESYNC_EVERY`] reads, otherwise only
-    /// what changed since the last read.
+    /// after a failed read and after a check that found the view wrong
+    /// (every [`RESYNC_EVERY`] reads), otherwise only what changed since
+    /// the last read.
     async fn read_snapshot(&mut self) {
         let shared = self.shared.clone();
         shared
