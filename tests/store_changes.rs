@@ -41,7 +41,10 @@ fn holder(id: &str) -> InstanceInfo {
 /// never can), and the coordinator starts and sees it.
 async fn observed(store: Arc<dyn LeaseStore>) -> (Coordinator, u64) {
     let role = RoleName::new(ROLE).unwrap();
-    store.register(std::slice::from_ref(&role)).await.expect("register");
+    store
+        .register(std::slice::from_ref(&role))
+        .await
+        .expect("register");
     let hour = Duration::from_secs(3_600);
     let grants = (store.claim(&holder("first"), &[Claim::renewable(role, None, hour)]))
         .await

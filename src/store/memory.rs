@@ -271,17 +271,13 @@ impl LeaseStore for MemoryStore {
             let now = Instant::now();
             let t = self.lock();
             let position = self.generation.load(Ordering::Relaxed);
-            let cursor = Cursor { epoch: 0, position };
+            let cursor = Cursor::at(position);
             let Some(since) = since.filter(|c| c.position <= position) else {
                 drop(t);
                 let records = self.snapshot(roles).await?;
                 // The cursor was read first: a change made before the
                 // snapshot below is newer than it, and read again next time.
-                return Ok(Changes {
-                    full: true,
-                    records,
-                    cursor,
-                });
+                return Ok(Changes::full(records, cursor));
             };
             let ending = now + horizon;
             let records = t
@@ -297,11 +293,7 @@ impl LeaseStore for MemoryStore {
                     remaining: r.expires_at.saturating_duration_since(now),
                 })
                 .collect();
-            Ok(Changes {
-                full: false,
-                records,
-                cursor,
-            })
+            Ok(Changes::changed(records, cursor))
         }
         .boxed()
     }
@@ -366,14 +358,9 @@ impl LeaseStore for MemoryStore {
             let now = Instant::now();
             let mut members = self.write_presence(me, candidate, routes, ttl, now);
             let position = self.member_generation.load(Ordering::Relaxed);
-            let cursor = Cursor { epoch: 0, position };
+            let cursor = Cursor::at(position);
             let Some(since) = since.filter(|c| c.position <= position) else {
-                return Ok(MemberChanges {
-                    full: true,
-                    members: live_members(&mut members, now),
-                    gone: Vec::new(),
-                    cursor,
-                });
+                return Ok(MemberChanges::full(live_members(&mut members, now), cursor));
             };
             let (mut live, mut gone) = (Vec::new(), Vec::new());
             for (id, p) in members.iter() {
@@ -387,12 +374,7 @@ impl LeaseStore for MemoryStore {
                     gone.push(id.clone());
                 }
             }
-            Ok(MemberChanges {
-                full: false,
-                members: live,
-                gone,
-                cursor,
-            })
+            Ok(MemberChanges::changed(live, gone, cursor))
         }
         .boxed()
     }

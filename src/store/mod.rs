@@ -164,6 +164,13 @@ pub struct Cursor {
     pub position: u64,
 }
 
+impl Cursor {
+    /// `position` in a store whose history keeps one name (epoch 0).
+    pub fn at(position: u64) -> Self {
+        Self { epoch: 0, position }
+    }
+}
+
 /// What [`LeaseStore::changes`] answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Changes {
@@ -179,6 +186,26 @@ pub struct Changes {
     pub records: Vec<LeaseRecord>,
     /// Where the next read starts.
     pub cursor: Cursor,
+}
+
+impl Changes {
+    /// A full read: `records` is every role asked for.
+    pub fn full(records: Vec<LeaseRecord>, cursor: Cursor) -> Self {
+        Self {
+            full: true,
+            records,
+            cursor,
+        }
+    }
+
+    /// A read of changes: `records` is what changed since the cursor.
+    pub fn changed(records: Vec<LeaseRecord>, cursor: Cursor) -> Self {
+        Self {
+            full: false,
+            records,
+            cursor,
+        }
+    }
 }
 
 /// What a store holds for a set of roles, in three numbers: the check
@@ -210,6 +237,28 @@ pub struct MemberChanges {
     pub gone: Vec<String>,
     /// Where the next read starts.
     pub cursor: Cursor,
+}
+
+impl MemberChanges {
+    /// A full read: `members` is every live member.
+    pub fn full(members: Vec<Member>, cursor: Cursor) -> Self {
+        Self {
+            full: true,
+            members,
+            gone: Vec::new(),
+            cursor,
+        }
+    }
+
+    /// A read of changes: members joined or changed, and members gone.
+    pub fn changed(members: Vec<Member>, gone: Vec<String>, cursor: Cursor) -> Self {
+        Self {
+            full: false,
+            members,
+            gone,
+            cursor,
+        }
+    }
 }
 
 /// Wakes the coordinator when a term may have changed somewhere. Notices are
@@ -278,11 +327,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Changes, StoreError>> {
         let _ = (since, horizon);
         Box::pin(async move {
-            Ok(Changes {
-                full: true,
-                records: self.snapshot(roles).await?,
-                cursor: Cursor::default(),
-            })
+            Ok(Changes::full(
+                self.snapshot(roles).await?,
+                Cursor::default(),
+            ))
         })
     }
 
@@ -334,12 +382,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<MemberChanges, StoreError>> {
         let _ = (since, horizon);
         Box::pin(async move {
-            Ok(MemberChanges {
-                full: true,
-                members: self.presence(me, candidate, routes, ttl).await?,
-                gone: Vec::new(),
-                cursor: Cursor::default(),
-            })
+            Ok(MemberChanges::full(
+                self.presence(me, candidate, routes, ttl).await?,
+                Cursor::default(),
+            ))
         })
     }
 

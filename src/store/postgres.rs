@@ -280,15 +280,8 @@ impl LeaseStore for PostgresStore {
                 // restored or replaced: read everything then.
                 if let Some((next, records)) = sql::changes_from_rows(rows) {
                     if next >= since.position {
-                        let cursor = Cursor {
-                            epoch: 0,
-                            position: next,
-                        };
-                        return Ok(Changes {
-                            full: false,
-                            records,
-                            cursor,
-                        });
+                        let cursor = Cursor::at(next);
+                        return Ok(Changes::changed(records, cursor));
                     }
                 }
             }
@@ -299,14 +292,7 @@ impl LeaseStore for PostgresStore {
             let query = sqlx::query_as::<_, ChangeRow>(full).bind(names(roles));
             let rows = self.run("snapshot", query.fetch_all(&self.pool)).await?;
             let (next, records) = sql::changes_from_rows(rows).unwrap_or_default();
-            Ok(Changes {
-                full: true,
-                records,
-                cursor: Cursor {
-                    epoch: 0,
-                    position: next,
-                },
-            })
+            Ok(Changes::full(records, Cursor::at(next)))
         }
         .boxed()
     }
@@ -469,28 +455,12 @@ impl LeaseStore for PostgresStore {
                 // database: read everything then.
                 let answer = sql::member_changes_from_rows(rows);
                 if let Some((next, members, gone)) = answer.filter(|a| a.0 as i64 >= position) {
-                    return Ok(MemberChanges {
-                        full: false,
-                        members,
-                        gone,
-                        cursor: Cursor {
-                            epoch: 0,
-                            position: next,
-                        },
-                    });
+                    return Ok(MemberChanges::changed(members, gone, Cursor::at(next)));
                 }
             }
             let rows = self.run("presence", read(None)).await?;
             let (next, members, _) = sql::member_changes_from_rows(rows).unwrap_or_default();
-            Ok(MemberChanges {
-                full: true,
-                members,
-                gone: Vec::new(),
-                cursor: Cursor {
-                    epoch: 0,
-                    position: next,
-                },
-            })
+            Ok(MemberChanges::full(members, Cursor::at(next)))
         }
         .boxed()
     }

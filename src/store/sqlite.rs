@@ -389,7 +389,6 @@ impl LeaseStore for SqliteStore {
         horizon: Duration,
     ) -> BoxFuture<'a, Result<Changes, StoreError>> {
         async move {
-            let cursor = |position| Cursor { epoch: 0, position };
             if let Some(since) = since {
                 let rows = sqlx::query_as::<_, ChangeRow>(&self.sql.changes)
                     .bind(since.position as i64)
@@ -401,11 +400,7 @@ impl LeaseStore for SqliteStore {
                 // (restored, replaced): read everything then.
                 if let Some((next, records)) = sql::changes_from_rows(rows) {
                     if next >= since.position {
-                        return Ok(Changes {
-                            full: false,
-                            records,
-                            cursor: cursor(next),
-                        });
+                        return Ok(Changes::changed(records, Cursor::at(next)));
                     }
                 }
             }
@@ -415,11 +410,7 @@ impl LeaseStore for SqliteStore {
                 .await
                 .map_err(self.error("snapshot"))?;
             let (next, records) = sql::changes_from_rows(rows).unwrap_or_default();
-            Ok(Changes {
-                full: true,
-                records,
-                cursor: cursor(next),
-            })
+            Ok(Changes::full(records, Cursor::at(next)))
         }
         .boxed()
     }
@@ -506,27 +497,11 @@ impl LeaseStore for SqliteStore {
                 let (next, members, gone) = read.await?;
                 // The generation goes back only with another database file.
                 if next >= since.position {
-                    return Ok(MemberChanges {
-                        full: false,
-                        members,
-                        gone,
-                        cursor: Cursor {
-                            epoch: 0,
-                            position: next,
-                        },
-                    });
+                    return Ok(MemberChanges::changed(members, gone, Cursor::at(next)));
                 }
             }
             let (next, members, _) = self.presence_call(me, record, None, horizon).await?;
-            Ok(MemberChanges {
-                full: true,
-                members,
-                gone: Vec::new(),
-                cursor: Cursor {
-                    epoch: 0,
-                    position: next,
-                },
-            })
+            Ok(MemberChanges::full(members, Cursor::at(next)))
         }
         .boxed()
     }

@@ -86,14 +86,13 @@ impl EtcdStore {
                         log.base = rev;
                     }
                 }
-                return Ok(Changes {
-                    full: false,
+                return Ok(Changes::changed(
                     records,
-                    cursor: Cursor {
+                    Cursor {
                         epoch: log.epoch,
                         position,
                     },
-                });
+                ));
             }
         }
         let records = self.snapshot_at(roles).await?;
@@ -101,14 +100,13 @@ impl EtcdStore {
             .read_revision
             .load(std::sync::atomic::Ordering::Relaxed);
         let epoch = self.follow_from(revision).await?;
-        Ok(Changes {
-            full: true,
+        Ok(Changes::full(
             records,
-            cursor: Cursor {
+            Cursor {
                 epoch,
                 position: revision.max(0) as u64,
             },
-        })
+        ))
     }
 
     /// Makes sure a live watch logs every change after `revision` (a full

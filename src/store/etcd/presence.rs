@@ -99,15 +99,11 @@ impl EtcdStore {
                 if ids.len() as i64 == count.count() && revision >= after {
                     view.ids = ids;
                     self.keep_view(&me.id, view);
-                    return Ok(MemberChanges {
-                        full: false,
+                    return Ok(MemberChanges::changed(
                         members,
-                        gone: Vec::new(),
-                        cursor: Cursor {
-                            epoch: 0,
-                            position: revision as u64,
-                        },
-                    });
+                        Vec::new(),
+                        Cursor::at(revision as u64),
+                    ));
                 }
             }
         }
@@ -130,15 +126,10 @@ impl EtcdStore {
         view.written = Some((lease, value));
         view.ids = members.iter().map(|m| m.id.clone()).collect();
         self.keep_view(&me.id, view);
-        Ok(MemberChanges {
-            full: true,
+        Ok(MemberChanges::full(
             members,
-            gone: Vec::new(),
-            cursor: Cursor {
-                epoch: 0,
-                position: revision.max(0) as u64,
-            },
-        })
+            Cursor::at(revision.max(0) as u64),
+        ))
     }
 
     /// The presence view of reader `id` (taken out; put back with
