@@ -313,7 +313,9 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// the cursor (its history was lost, trimmed, or the feed behind it
     /// broke), it answers a full read of `roles` instead, with a new
     /// cursor. A change is never lost between two reads: a change committed
-    /// after this read's cursor was taken is in the next read. A record may
+    /// after this read's cursor was taken is in a later read, the next one
+    /// as soon as the store has it (etcd: once its watch delivered it,
+    /// which wakes the change feed). A record may
     /// be named again unchanged (PostgreSQL names again the changes of
     /// transactions still running somewhere when the cursor was taken).
     ///

@@ -641,6 +641,43 @@ fn assert_unchanged(later: &Changes, earlier: &[&Changes]) {
     }
 }
 
+/// Reads changes from `since` until `done` says what they named so far is
+/// enough (a store may take a moment to have a change: etcd's watch
+/// delivers it), for at most 3 s; returns the last read, with every record
+/// named on the way (the latest of each role), and the roles named.
+async fn changes_until(
+    store: &dyn LeaseStore,
+    names: &[RoleName],
+    since: Cursor,
+    horizon_ms: u64,
+    done: impl Fn(&Changes) -> bool,
+) -> (Changes, Vec<String>) {
+    let start = std::time::Instant::now();
+    let (mut last, _) = changes_from(store, names, since, horizon_ms).await;
+    let mut seen = last.records.clone();
+    loop {
+        let so_far = Changes {
+            full: false,
+            records: seen.clone(),
+            cursor: last.cursor,
+        };
+        if done(&so_far) || start.elapsed() > Duration::from_secs(3) {
+            let mut named: Vec<String> = seen.iter().map(|r| r.role.clone()).collect();
+            named.sort();
+            named.dedup();
+            named.retain(|r| names.iter().any(|n| n.as_str() == r));
+            return (so_far, named);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let (next, _) = changes_from(store, names, last.cursor, horizon_ms).await;
+        for r in &next.records {
+            seen.retain(|s| s.role != r.role);
+            seen.push(r.clone());
+        }
+        last = next;
+    }
+}
+
 /// Reads changes from `since` and returns them with the roles they name, sorted.
 async fn changes_from(
     store: &dyn LeaseStore,
@@ -691,7 +728,12 @@ pub async fn changes_name_term_changes_and_ending_holders_only(
     // A release and a new term are named, with what they did.
     store.release(&a, &[(role("c1"), t1)]).await.unwrap();
     let t3 = grant(&*store, &b, "c3", None, long).await.unwrap();
-    let (moved, named) = changes_from(&*store, &names, quiet.cursor, horizon).await;
+    let both = |c: &Changes| {
+        ["c1", "c3"]
+            .iter()
+            .all(|n| c.records.iter().any(|r| r.role == *n))
+    };
+    let (moved, named) = changes_until(&*store, &names, quiet.cursor, horizon, both).await;
     assert_eq!(named, ["c1", "c3"]);
     let c1 = moved.records.iter().find(|r| r.role == "c1").unwrap();
     assert_eq!(c1.holder, None, "released");
@@ -709,12 +751,11 @@ pub async fn changes_name_term_changes_and_ending_holders_only(
         .unwrap();
     let (begun, _) = changes_from(&*store, &names, again.cursor, horizon).await;
     scale.past(short).await;
-    let (ending, named) = changes_from(&*store, &names, begun.cursor, horizon).await;
-    let ended = ending
-        .records
-        .iter()
-        .any(|r| r.role == "c1" && (r.holder.is_none() || r.remaining.is_zero()));
-    assert!(ended, "the ended term is named: {named:?}");
+    let over = |c: &Changes| {
+        (c.records.iter()).any(|r| r.role == "c1" && (r.holder.is_none() || r.remaining.is_zero()))
+    };
+    let (ending, named) = changes_until(&*store, &names, begun.cursor, horizon, over).await;
+    assert!(over(&ending), "the ended term is named: {named:?}");
 
     // A cursor the store cannot answer from is answered by a full read.
     let ahead = Cursor {

@@ -143,6 +143,7 @@ impl EtcdStore {
             log.epoch
         };
         let log = self.log.clone();
+        let logged = self.logged.clone();
         let mut failures = self.members.failures(member);
         failures.mark_unchanged();
         let prefix = self.lease_prefix();
@@ -158,6 +159,7 @@ impl EtcdStore {
                     Ok(Some(resp)) if !resp.canceled() => resp,
                     _ => break,
                 };
+                let changed = !resp.events().is_empty();
                 let mut log = lock(&log);
                 if log.epoch != epoch {
                     return;
@@ -182,6 +184,10 @@ impl EtcdStore {
                 }
                 if let Some(h) = resp.header() {
                     log.upto = log.upto.max(h.revision());
+                }
+                drop(log);
+                if changed {
+                    let _ = logged.send(());
                 }
             }
             let mut log = lock(&log);

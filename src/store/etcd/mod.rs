@@ -46,8 +46,8 @@ use etcd_client::{
     Certificate, Compare, CompareOp, ConnectOptions, Identity, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use futures_util::future::{join_all, BoxFuture};
-use futures_util::{stream, FutureExt};
-use tokio::sync::Mutex;
+use futures_util::{stream, FutureExt, StreamExt};
+use tokio::sync::{broadcast, Mutex};
 
 use super::error::{with_sources, BoxError};
 use super::tls::etcd_uses_https;
@@ -134,6 +134,8 @@ pub struct EtcdStore {
     one_shot: std::sync::Mutex<HashMap<(String, u64), once::OneShotTerm>>,
     /// The changes to role keys since the last full read ([`changes`]).
     log: changes::SharedLog,
+    /// Told each time the change log takes in changes (the feed's wake-up).
+    logged: broadcast::Sender<()>,
     /// Per instance, what its reads of presence changes know ([`presence`]).
     presence_views: std::sync::Mutex<HashMap<String, presence::PresenceView>>,
 }
@@ -197,6 +199,7 @@ impl EtcdStore {
             read_revision: Arc::new(AtomicI64::new(0)),
             one_shot: std::sync::Mutex::new(HashMap::new()),
             log: changes::SharedLog::default(),
+            logged: broadcast::channel(16).0,
             presence_views: std::sync::Mutex::new(HashMap::new()),
         })
     }
@@ -534,7 +537,21 @@ impl LeaseStore for EtcdStore {
                     }
                 }
             });
-            Ok(feed::spawn(notices))
+            // The change log's watch wakes the coordinator too, once it
+            // has a change: a read of changes woken by the watch above
+            // may come before the log has it, and would then miss it until
+            // the next tick. The feed still ends with the watch above.
+            let logged = stream::unfold(self.logged.subscribe(), |mut rx| async move {
+                match rx.recv().await {
+                    Ok(()) | Err(broadcast::error::RecvError::Lagged(_)) => Some((Some(()), rx)),
+                    Err(broadcast::error::RecvError::Closed) => None,
+                }
+            });
+            let watched = notices.map(Some).chain(stream::once(async { None }));
+            let merged = stream::select(watched, logged)
+                .take_while(|n| std::future::ready(n.is_some()))
+                .map(|_| ());
+            Ok(feed::spawn(merged))
         }
         .boxed()
     }
