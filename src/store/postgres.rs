@@ -14,8 +14,7 @@ use sqlx::postgres::{
 use sqlx::Connection;
 
 use super::sql::{
-    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, MemberRow, PartitionRow,
-    TallyRow, Target,
+    self, ChangeRow, Dialect, GrantRow, LeaseRow, MemberChangeRow, PartitionRow, TallyRow, Target,
 };
 use super::tls::PgTlsParams;
 use super::{
@@ -46,7 +45,6 @@ struct Statements {
     changes_full: String,
     tally: String,
     changes_all: String,
-    presence: String,
     presence_changes: String,
     leave: String,
     partitions: String,
@@ -80,7 +78,6 @@ impl Statements {
                 .replace("{roles}", "role = ANY($1::text[])"),
             changes_all: render(include_str!("sql/postgres/changes_full.sql"))
                 .replace("{roles}", "cardinality($1::text[]) = 0"),
-            presence: render(include_str!("sql/postgres/presence.sql")),
             presence_changes: render(include_str!("sql/postgres/presence_changes.sql")),
             leave: render(include_str!("sql/postgres/leave.sql")),
             partitions: render(include_str!("sql/postgres/partitions.sql")),
@@ -370,7 +367,11 @@ impl LeaseStore for PostgresStore {
         routes: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        self.presence_call(me, candidate, routes, ttl)
+        async move {
+            let read = self.presence_changes(me, candidate, routes, ttl, None, Duration::ZERO);
+            Ok(read.await?.members)
+        }
+        .boxed()
     }
 
     fn partitions(&self) -> BoxFuture<'_, Result<Vec<PartitionRecord>, StoreError>> {
@@ -477,29 +478,6 @@ impl LeaseStore for PostgresStore {
     }
 }
 
-impl PostgresStore {
-    fn presence_call<'a>(
-        &'a self,
-        me: &'a InstanceInfo,
-        candidate: bool,
-        routes: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Vec<Member>, StoreError>> {
-        async move {
-            let query = sqlx::query_as::<_, MemberRow>(&self.sql.presence)
-                .bind(&me.id)
-                .bind(&me.address)
-                .bind(candidate)
-                .bind(millis(ttl))
-                .bind(routes)
-                .fetch_all(&self.pool);
-            let rows = self.run("presence", query).await?;
-            Ok(rows.into_iter().map(Member::from).collect())
-        }
-        .boxed()
-    }
-}
-
 /// Role names as a text array parameter.
 fn names(roles: &[RoleName]) -> Vec<&str> {
     roles.iter().map(|r| r.as_str()).collect()
@@ -523,7 +501,6 @@ mod tests {
             &s.tally,
             &s.changes_full,
             &s.changes_all,
-            &s.presence,
             &s.presence_changes,
             &s.leave,
             &s.partitions,

@@ -117,26 +117,6 @@ impl From<GrantRow> for Grant {
     }
 }
 
-/// A presence record as the presence statements return it.
-#[derive(sqlx::FromRow)]
-pub(super) struct MemberRow {
-    instance_id: String,
-    address: String,
-    candidate: bool,
-    routes: String,
-}
-
-impl From<MemberRow> for Member {
-    fn from(row: MemberRow) -> Self {
-        Member {
-            id: row.instance_id,
-            address: row.address,
-            candidate: row.candidate,
-            routes: row.routes,
-        }
-    }
-}
-
 /// A row of a read of presence changes: the cursor to read from next, and
 /// a presence record (none when nothing changed), live or gone.
 #[derive(sqlx::FromRow)]

@@ -12,7 +12,6 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, WatchOptions};
 
@@ -197,13 +196,4 @@ impl EtcdStore {
         });
         Ok(epoch)
     }
-}
-
-/// The time left on a term whose key carries its lease's TTL (none: a key
-/// of an earlier version, judged by a lease lookup on full reads only).
-pub(super) fn remaining(ttl_ms: Option<u64>, legacy: Option<Duration>) -> Duration {
-    ttl_ms
-        .map(Duration::from_millis)
-        .or(legacy)
-        .unwrap_or_default()
 }

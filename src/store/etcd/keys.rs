@@ -149,7 +149,9 @@ impl EtcdStore {
                 holder: Some(k.holder.holder.clone()),
                 holder_address: Some(k.holder.address.clone()),
                 token: k.token,
-                remaining: super::changes::remaining(k.holder.ttl_ms, legacy),
+                remaining: (k.holder.ttl_ms.map(Duration::from_millis))
+                    .or(legacy)
+                    .unwrap_or_default(),
             },
             None => LeaseRecord {
                 role: role.to_string(),

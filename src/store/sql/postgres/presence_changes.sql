@@ -1,6 +1,7 @@
 -- $1 instance id, $2 address, $3 candidate, $4 ttl in ms, $5 route-table
 -- fingerprint, $6 the cursor (NULL: a full read), $7 the horizon in ms.
--- Writes this instance's presence record as presence.sql does, then reads
+-- Writes this instance's presence record (expiring by the database clock;
+-- records expired over an hour ago are removed on the way), then reads
 -- either every live record (full) or the records added, changed, revived
 -- or ended by a transaction from $6 on, and those that ended within three
 -- horizons before now (a reader reads every tick, well within that);
