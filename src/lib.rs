@@ -1,5 +1,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs, unreachable_pub)]
+// Output goes through `cli`'s `say!`/`tell!`, which lose a line a closed
+// stdout or stderr cannot take; `println!` would panic instead.
+#![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
 // Without the binary (feature `gateway`), helpers it shares with the library
 // go partly unused.
 #![cfg_attr(not(feature = "gateway"), allow(dead_code, unused_imports))]

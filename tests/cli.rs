@@ -311,100 +311,315 @@ fn an_unreachable_store_is_a_runtime_error() {
     assert_eq!(code(&o), 1, "{}", stderr(&o));
 }
 
+/// The demo's default ports: public 8081-8083, admin +10, apps +20.
+const DEMO_PORTS: [u16; 9] = [8081, 8082, 8083, 8091, 8092, 8093, 8101, 8102, 8103];
+
+/// `rolegate demo` exactly as the README says, on the default ports when
+/// they are free (they lie outside the kernel's ephemeral range, so only
+/// another program can hold them), else on ports of the kernel's choosing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_starts_answers_its_printed_commands_and_stops_cleanly_on_sigint() {
-    demo_round_trip(&[]).await;
+async fn demo_answers_every_request_it_prints_twice_15_s_apart_and_stops_cleanly() {
+    let free = DEMO_PORTS
+        .iter()
+        .all(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok());
+    let args: &[&str] = if free { &[] } else { &["--base-port", "0"] };
+    demo_round_trip(args).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_answers_every_request_it_prints_on_postgres() {
+    let pg = support::PrivatePostgres::start();
+    let url = pg.url();
+    demo_round_trip(&[
+        "--base-port",
+        "0",
+        "--store",
+        "postgres",
+        "--store-url",
+        &url,
+    ])
+    .await;
 }
 
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_runs_on_redis() {
-    demo_round_trip(&["--store", "redis", "--store-url", &support::redis_url()]).await;
+async fn demo_answers_every_request_it_prints_on_redis() {
+    let redis = support::PrivateServer::redis();
+    let url = redis.redis_url();
+    demo_round_trip(&["--base-port", "0", "--store", "redis", "--store-url", &url]).await;
 }
 
 #[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_runs_on_etcd() {
-    demo_round_trip(&["--store", "etcd", "--store-url", &support::etcd_url()]).await;
+async fn demo_answers_every_request_it_prints_on_etcd() {
+    let etcd = support::PrivateServer::etcd();
+    let url = etcd.etcd_url();
+    demo_round_trip(&["--base-port", "0", "--store", "etcd", "--store-url", &url]).await;
 }
 
-/// Starts `rolegate demo` with extra arguments, follows its printed guide, and
-/// stops it with SIGINT.
-async fn demo_round_trip(extra: &[&str]) {
-    let mut child = Command::new(cluster::bin())
-        .args(["demo", "--base-port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut printed = Vec::new();
-    let start = Instant::now();
-    while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "demo did not print its guide: {printed:?}"
-        );
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
-            printed.push(line);
-        }
-        if let Ok(Some(status)) = child.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            panic!("demo exited early ({status}): {printed:?}\n{err}");
+/// A running demo and the lines it printed.
+struct Demo {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    printed: Vec<String>,
+}
+
+impl Drop for Demo {
+    fn drop(&mut self) {
+        // A failed test must not leave a cluster running.
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-INT", &self.child.id().to_string()])
+                .status();
+            let _ = self.child.wait();
         }
     }
-    let dir = printed[0]
+}
+
+impl Demo {
+    fn start(args: &[&str]) -> Demo {
+        let mut child = Command::new(cluster::bin())
+            .arg("demo")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rolegate demo");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Demo {
+            child,
+            lines,
+            printed: Vec::new(),
+        }
+    }
+
+    /// Reads printed lines until one satisfies `done`; panics after `limit`
+    /// or when the demo exits.
+    fn read_until(&mut self, what: &str, limit: Duration, done: impl Fn(&str) -> bool) {
+        let start = Instant::now();
+        loop {
+            if self.printed.iter().any(|l| done(l)) {
+                return;
+            }
+            assert!(
+                start.elapsed() < limit,
+                "demo did not print {what} within {limit:?}: {:#?}",
+                self.printed
+            );
+            if let Ok(line) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                self.printed.push(line);
+                continue;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut err = String::new();
+                if let Some(mut e) = self.child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                panic!("demo exited early ({status}): {:#?}\n{err}", self.printed);
+            }
+        }
+    }
+
+    /// Takes in what has been printed meanwhile.
+    fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.printed.push(line);
+        }
+    }
+
+    /// The PIDs in the guide's table (gateway, app), by gateway name.
+    fn pids(&self) -> Vec<(String, u32, u32)> {
+        self.printed
+            .iter()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                if w.len() == 5 && w[0].starts_with("gw-") {
+                    Some((w[0].to_string(), w[3].parse().ok()?, w[4].parse().ok()?))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+}
+
+/// Whether a process runs (exists and is not a zombie).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| {
+            let state = stat.rsplit(')').next().unwrap_or("").trim_start();
+            !state.starts_with('Z') && !state.starts_with('X')
+        })
+        .unwrap_or(false)
+}
+
+/// Runs one printed shell line as a newcomer would (curl from the shell),
+/// for at most 5 s, and gives what it printed.
+fn run_line(line: &str) -> String {
+    let out = Command::new("timeout")
+        .args(["5", "sh", "-c", line])
+        .output()
+        .expect("sh");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every request line the guide printed answers: each `curl` is served by
+/// a demo app as the holder of its role (the apps answer only 200), the
+/// SSE line streams at least one event.
+fn every_printed_request_answers(printed: &[String]) {
+    let lines: Vec<&str> = printed
+        .iter()
+        .map(|l| l.trim())
+        .filter(|l| l.starts_with("curl ") || l.starts_with("for d in"))
+        .collect();
+    assert_eq!(
+        lines.len(),
+        4,
+        "three curl lines and the loop: {printed:#?}"
+    );
+    let mut answered = 0;
+    for line in lines {
+        let out = run_line(line);
+        if line.starts_with("curl -N") {
+            assert!(
+                out.lines().any(|l| l.starts_with("data: app-")),
+                "{line}: {out:?}"
+            );
+            answered += 1;
+            continue;
+        }
+        let expected = if line.starts_with("for d in") { 6 } else { 1 };
+        let handled: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains(" handled /") && l.contains(" as holder of "))
+            .collect();
+        assert_eq!(handled.len(), expected, "{line}: {out:?}");
+        answered += handled.len();
+    }
+    assert_eq!(answered, 9);
+}
+
+/// Each status page, as headless Chromium renders it, names its gateway,
+/// says it is ready and shows the partition's share.
+fn status_pages_render(printed: &[String], shots: &Path) {
+    let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or_else(|| {
+            panic!("this test needs Chromium: run `scripts/test` (it installs it) or `apt-get install -y chromium`")
+        });
+    let pages: Vec<(String, String)> = printed
+        .iter()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() == 5 && w[0].starts_with("gw-")).then(|| (w[0].to_string(), w[2].to_string()))
+        })
+        .collect();
+    assert_eq!(pages.len(), 3, "{printed:#?}");
+    for (name, url) in pages {
+        let profile = shots.join(format!("profile-{name}"));
+        let shot = shots.join(format!("{name}.png"));
+        let browse = |extra: &[&str]| {
+            Command::new("timeout")
+                .arg("60")
+                .arg(chromium)
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--window-size=1280,900",
+                ])
+                .arg(format!("--user-data-dir={}", profile.display()))
+                .args(extra)
+                .arg(&url)
+                .output()
+                .expect("run chromium")
+        };
+        let dom = browse(&["--dump-dom"]);
+        let text = String::from_utf8_lossy(&dom.stdout);
+        for expected in [
+            format!("instance <b>{name}-"),
+            "ready".to_string(),
+            "partition <b>devices</b>".to_string(),
+            "<td>maintenance</td>".to_string(),
+        ] {
+            assert!(
+                text.contains(&expected),
+                "{url} as Chromium renders it lacks {expected:?}:\n{text}\n{}",
+                String::from_utf8_lossy(&dom.stderr)
+            );
+        }
+        // A picture for a reviewer (kept under the test's directory).
+        let _ = browse(&[&format!("--screenshot={}", shot.display())]);
+    }
+}
+
+/// Starts `rolegate demo` with `args` and follows its guide as a newcomer
+/// would: runs every request line it printed at once and again 15 s later
+/// (every one must answer, no process may have died), looks at the status
+/// pages in a browser, kills the gateway it names as the holder and sees
+/// another take over, then stops it with Ctrl-C (exit 0, folder removed).
+async fn demo_round_trip(args: &[&str]) {
+    let mut demo = Demo::start(args);
+    demo.read_until("its guide", Duration::from_secs(90), |l| {
+        l.starts_with("Ctrl-C")
+    });
+    let dir = demo.printed[0]
         .rsplit("files in ")
         .next()
         .unwrap()
         .trim()
         .to_string();
     assert!(Path::new(&dir).exists());
-    let urls: Vec<String> = printed
-        .iter()
-        .filter_map(|l| l.trim().strip_prefix("curl "))
-        .map(|rest| rest.trim_start_matches("-N ").to_string())
-        .collect();
-    assert_eq!(urls.len(), 3, "{printed:?}");
-    for url in &urls[..2] {
-        let (status, _, body) = cluster::get(url).await.unwrap();
-        assert_eq!(status, http::StatusCode::OK, "{url}");
-        let body = String::from_utf8_lossy(&body);
-        assert!(body.contains("as holder of"), "{url}: {body}");
+    let pids = demo.pids();
+    assert_eq!(pids.len(), 3, "{:#?}", demo.printed);
+
+    let first = Instant::now();
+    every_printed_request_answers(&demo.printed);
+    status_pages_render(&demo.printed, &support::test_dir("demo_pages"));
+    let later = Duration::from_secs(15).saturating_sub(first.elapsed());
+    // The second look comes 15 s after the first (the old demo's apps had
+    // died by then).
+    tokio::time::sleep(later).await;
+    every_printed_request_answers(&demo.printed);
+    demo.drain();
+    for (name, gateway, app) in &pids {
+        assert!(
+            alive(*gateway),
+            "{name}'s gateway died: {:#?}",
+            demo.printed
+        );
+        assert!(alive(*app), "{name}'s app died: {:#?}", demo.printed);
     }
-    // The SSE command streams events.
-    let resp = cluster::send(
-        http::Request::get(&urls[2])
-            .body(axum::body::Body::empty())
-            .unwrap(),
-    )
-    .await
-    .unwrap();
-    let mut body = resp.into_body();
-    let frame = tokio::time::timeout(
-        Duration::from_secs(5),
-        http_body_util::BodyExt::frame(&mut body),
-    )
-    .await
-    .unwrap()
-    .unwrap()
-    .unwrap();
-    assert!(String::from_utf8_lossy(&frame.into_data().unwrap()).starts_with("data: app-1 event 0"));
-    drop(body);
-    // The printed PID is a real gateway process.
-    let kill_line = printed
+    assert!(
+        !demo.printed.iter().any(|l| l.contains("exited")),
+        "{:#?}",
+        demo.printed
+    );
+
+    // The kill line names the gateway that holds `maintenance`.
+    let holds = demo
+        .printed
+        .iter()
+        .find_map(|l| l.strip_prefix("Watch failover: "))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    let kill_line = demo
+        .printed
         .iter()
         .find(|l| l.trim().starts_with("kill -9 "))
         .unwrap();
@@ -413,45 +628,184 @@ async fn demo_round_trip(extra: &[&str]) {
         .trim_start_matches("kill -9 ")
         .parse()
         .unwrap();
-    assert!(Path::new(&format!("/proc/{pid}")).exists());
-    // Killed, the gateway is reported and reaped while the demo runs on.
+    let named = pids
+        .iter()
+        .find(|(_, g, _)| *g == pid)
+        .expect("a gateway's PID");
+    assert_eq!(named.0, holds, "{:#?}", demo.printed);
+    let (status, _, body) = cluster::get(&format!(
+        "{}/leases",
+        demo.printed
+            .iter()
+            .find_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                (w.len() == 5 && w[0] == holds).then(|| w[2].trim_end_matches('/').to_string())
+            })
+            .unwrap()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(status, http::StatusCode::OK);
+    let leases: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let held_here = leases["roles"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["role"] == "maintenance" && r["held_here"] == true);
+    assert!(held_here, "{holds} does not hold maintenance: {leases}");
+
+    // Killed, the gateway is reported and reaped, and the demo says which
+    // gateway holds the role now.
     let killed = Command::new("kill").args(["-9", &pid.to_string()]).status();
     assert!(killed.unwrap().success());
     let reported = format!("(pid {pid}) exited");
-    let start = Instant::now();
-    while !printed.iter().any(|l| l.contains(&reported)) {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "the demo did not report the killed gateway: {printed:?}"
-        );
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(100)) {
-            printed.push(line);
-        }
-    }
-    // Reaped, not a zombie: the /proc entry is gone.
-    assert!(
-        !Path::new(&format!("/proc/{pid}")).exists(),
-        "{pid} is a zombie"
-    );
+    demo.read_until("the killed gateway", Duration::from_secs(10), |l| {
+        l.contains(&reported)
+    });
+    demo.read_until("the new holder", Duration::from_secs(30), |l| {
+        l.starts_with("maintenance is now held by gw-")
+    });
+    let now = demo
+        .printed
+        .iter()
+        .rev()
+        .find_map(|l| l.strip_prefix("maintenance is now held by "))
+        .unwrap();
+    assert!(!now.starts_with(&holds), "{now}");
+    assert!(!alive(pid), "{pid} is still there (a zombie?)");
 
     let ok = Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
+        .args(["-INT", &demo.child.id().to_string()])
         .status()
         .unwrap();
     assert!(ok.success());
     let start = Instant::now();
     let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
+        if let Some(s) = demo.child.try_wait().unwrap() {
             break s;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(20),
+            start.elapsed() < Duration::from_secs(30),
             "demo did not stop on SIGINT"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
     assert!(!Path::new(&dir).exists(), "{dir} removed");
+    for (name, gateway, app) in &pids {
+        assert!(!alive(*gateway), "{name}'s gateway outlived the demo");
+        assert!(!alive(*app), "{name}'s app outlived the demo");
+    }
+}
+
+/// A gateway whose stdout and stderr are closed under it (a supervisor's
+/// journal that went away, a `| head`) keeps running: it takes a role it
+/// must log about, and serves requests under it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_whose_stdout_and_stderr_close_keeps_taking_roles_and_serving() {
+    let dir = support::test_dir("closed_stdio");
+    let app = cluster::TestApp::start(1).await;
+    let config = |name: &str| {
+        let p = dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &p,
+            format!(
+                "instance:\n  name: {name}\nlisten: 127.0.0.1:0\nadmin_listen: 127.0.0.1:0\n\
+                 upstream:\n  url: http://127.0.0.1:{}\nstore:\n  kind: sqlite\n  url: sqlite://{}/leases.db\n\
+                 lease:\n  duration: 2s\n  renew_interval: 500ms\n  safety_margin: 500ms\n\
+                 roles:\n  - name: solo\nroutes:\n  - prefixes: [/solo]\n    role: solo\n",
+                app.port,
+                dir.display()
+            ),
+        )
+        .unwrap();
+        p
+    };
+    // The first gateway holds `solo`, logging to a file as usual.
+    let first_log = dir.join("first.log");
+    let mut first = Command::new(cluster::bin())
+        .args(["run", "--config"])
+        .arg(config("first"))
+        .env("RUST_LOG", "rolegate=debug")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&first_log).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while !std::fs::read_to_string(&first_log)
+        .unwrap_or_default()
+        .contains("acquired roles")
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "first never held"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The second logs to pipes that the test closes once it has started.
+    let mut second = Command::new(cluster::bin())
+        .args(["run", "--config"])
+        .arg(config("second"))
+        .env("RUST_LOG", "rolegate=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(second.stderr.take().unwrap());
+    let mut seen = String::new();
+    let (port, admin) = loop {
+        let mut line = String::new();
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "second exited: {seen}"
+        );
+        seen.push_str(&line);
+        if let Some(ports) = cluster::started_ports(&line) {
+            break ports;
+        }
+    };
+    drop(err);
+    drop(second.stdout.take());
+    // The first dies; the second must take the role and log it, and debug
+    // lines flow on every tick, all into closed pipes.
+    let _ = first.kill();
+    let _ = first.wait();
+    let admin_url = format!("http://127.0.0.1:{admin}/leases");
+    support::wait_for_async("the second to hold solo", Duration::from_secs(30), || {
+        let url = admin_url.clone();
+        async move {
+            match cluster::get(&url).await {
+                Ok((http::StatusCode::OK, _, body)) => {
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    v["roles"][0]["held_here"] == true
+                }
+                _ => false,
+            }
+        }
+    })
+    .await;
+    for i in 0..20 {
+        let (status, _, _) = cluster::get(&format!("http://127.0.0.1:{port}/solo/{i}"))
+            .await
+            .unwrap();
+        assert!(status.is_success(), "{status}");
+    }
+    let executed: Vec<_> = app
+        .executed()
+        .into_iter()
+        .filter(|e| e.path.starts_with("/solo/"))
+        .collect();
+    assert_eq!(executed.len(), 20, "{executed:?}");
+    assert!(executed.iter().all(|e| e
+        .headers
+        .get("x-rolegate-role")
+        .is_some_and(|r| r == "solo")));
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the gateway exited with its output closed"
+    );
+    let _ = second.kill();
+    let _ = second.wait();
 }
 
 /// `rolegate run` and `rolegate status` on a store kind: two gateways, the

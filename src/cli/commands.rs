@@ -14,7 +14,7 @@ pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usiz
         Err(code) => return code,
     };
     if config.upstream.is_none() {
-        eprintln!(
+        tell!(
             "error: {}: upstream.url is required to run the gateway",
             path.display()
         );
@@ -23,7 +23,7 @@ pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usiz
     let events = match events.map(crate::events::EventLog::create).transpose() {
         Ok(e) => e.map(Arc::new),
         Err(e) => {
-            eprintln!("error: cannot open the event log: {e}");
+            tell!("error: cannot open the event log: {e}");
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
@@ -38,7 +38,7 @@ pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usiz
     match crate::gateway::run(config, events, workers).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) if e.is_config() => {
-            eprintln!("error: {}: {}", path.display(), super::report(&e));
+            tell!("error: {}: {}", path.display(), super::report(&e));
             ExitCode::from(EXIT_CONFIG)
         }
         Err(e) => fail(&e),
@@ -50,11 +50,11 @@ pub(super) async fn run(path: &Path, events: Option<&Path>, workers: Option<usiz
 /// them would; `Some(exit 2)` after printing why, when one is unusable.
 fn refuse_files(path: &Path, config: &crate::config::Config) -> Option<ExitCode> {
     if let Err(e) = crate::store::check_files(&config.store) {
-        eprintln!("error: {}: {}", path.display(), super::report(&e));
+        tell!("error: {}: {}", path.display(), super::report(&e));
         return Some(ExitCode::from(EXIT_CONFIG));
     }
     if let Err(e) = crate::tls::check_files(config.tls.as_ref(), &config.peers) {
-        eprintln!("error: {}: {}", path.display(), e.report());
+        tell!("error: {}: {}", path.display(), e.report());
         return Some(ExitCode::from(EXIT_CONFIG));
     }
     None
@@ -66,18 +66,18 @@ pub(super) async fn check_store(path: &Path) -> ExitCode {
     let store_config = match crate::config::Config::load_store(path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
     if let Err(e) = crate::store::check_files(&store_config) {
-        eprintln!("error: {}: {}", path.display(), super::report(&e));
+        tell!("error: {}: {}", path.display(), super::report(&e));
         return ExitCode::from(EXIT_CONFIG);
     }
     let store = match crate::store::connect(&store_config).await {
         Ok(s) => s,
         Err(e) if e.is_config() => {
-            eprintln!("error: {}: {}", path.display(), super::report(&e));
+            tell!("error: {}: {}", path.display(), super::report(&e));
             return ExitCode::from(EXIT_CONFIG);
         }
         Err(e) => return fail(&e),
@@ -85,7 +85,7 @@ pub(super) async fn check_store(path: &Path) -> ExitCode {
     // The first call opens the connection; the second is one round trip.
     if let Err(e) = store.check_access().await {
         if e.is_schema() && store_config.migrate {
-            println!(
+            say!(
                 "{}: the schema is not applied yet; the first gateway applies it (store.migrate: true)",
                 path.display()
             );
@@ -98,7 +98,7 @@ pub(super) async fn check_store(path: &Path) -> ExitCode {
     let round_trip = started.elapsed();
     match checked {
         Ok(records) => {
-            println!(
+            say!(
                 "{}: store ok ({} store, table {}, {} records, schema applied, read and write granted); round trip {:.1} ms",
                 path.display(),
                 store.kind(),
@@ -109,7 +109,7 @@ pub(super) async fn check_store(path: &Path) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) if e.is_schema() && store_config.migrate => {
-            println!(
+            say!(
                 "{}: store reachable ({} store); round trip not measured before the schema exists",
                 path.display(),
                 store.kind()
@@ -129,7 +129,7 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
         return code;
     }
     if print {
-        print!("{}", config.to_yaml());
+        say_raw!("{}", config.to_yaml());
     } else {
         let roles: u64 = config.roles.len() as u64
             + config
@@ -137,7 +137,7 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
                 .iter()
                 .map(|p| u64::from(p.count))
                 .sum::<u64>();
-        println!(
+        say!(
             "{}: ok ({} store, {}, {}); --print shows it resolved",
             path.display(),
             config.store.kind.as_str(),
@@ -154,7 +154,7 @@ pub(super) async fn migrate(path: &Path) -> ExitCode {
     let store_config = match crate::config::Config::load_store(path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -164,7 +164,7 @@ pub(super) async fn migrate(path: &Path) -> ExitCode {
     };
     match store.migrate().await {
         Ok(()) => {
-            println!("schema applied to {} store", store.kind());
+            say!("schema applied to {} store", store.kind());
             ExitCode::SUCCESS
         }
         Err(e) => fail(&e),
@@ -177,7 +177,7 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
     let store_config = match crate::config::Config::load_store(path) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell!("error: {e}");
             return ExitCode::from(EXIT_CONFIG);
         }
     };
@@ -202,7 +202,7 @@ pub(super) async fn status(path: &Path, json: bool) -> ExitCode {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        say!("{}", serde_json::Value::Array(rows));
     } else {
         print_table(&records);
         print_spread(&partitions_of(path, &records), &records);
@@ -274,7 +274,7 @@ fn print_spread(partitions: &[PartitionLine], records: &[LeaseRecord]) {
             *by_holder.entry(live.unwrap_or("(no holder)")).or_default() += 1;
         }
         let spread: Vec<String> = by_holder.iter().map(|(h, n)| format!("{h} {n}")).collect();
-        println!(
+        say!(
             "partition {} ({}{}): {}",
             p.name,
             count(u64::from(p.count), "role"),
@@ -324,7 +324,7 @@ fn print_table(records: &[LeaseRecord]) {
             .zip(&widths)
             .map(|(v, w)| format!("{v:<w$}"))
             .collect();
-        println!("{}", line.join("  ").trim_end());
+        say!("{}", line.join("  ").trim_end());
     }
 }
 
@@ -346,7 +346,7 @@ pub(super) async fn probe(url: &str) -> ExitCode {
     {
         ExitCode::SUCCESS
     } else {
-        eprintln!("unhealthy: {url}");
+        tell!("unhealthy: {url}");
         ExitCode::from(EXIT_RUNTIME)
     }
 }
@@ -358,12 +358,12 @@ pub(super) fn resolve(path: &Path, partition: &str, key: &str, scope: Option<&st
     };
     let Some(p) = config.partitions.iter().find(|p| p.name == partition) else {
         if config.roles.iter().any(|r| r.name == partition) {
-            eprintln!(
+            tell!(
                 "error: `{partition}` is a role, not a partition, in {}: only partitions are chosen by a key",
                 path.display()
             );
         } else {
-            eprintln!(
+            tell!(
                 "error: partition `{partition}` is not declared in {}",
                 path.display()
             );
@@ -371,7 +371,7 @@ pub(super) fn resolve(path: &Path, partition: &str, key: &str, scope: Option<&st
         return ExitCode::from(EXIT_CONFIG);
     };
     let index = crate::lease::partition_index(scope, key, p.count);
-    println!("{}", crate::role::partition_role_name(partition, index));
+    say!("{}", crate::role::partition_role_name(partition, index));
     ExitCode::SUCCESS
 }
 
@@ -412,9 +412,9 @@ pub(super) async fn partitions_list(path: &Path) -> ExitCode {
             (Some(_), None) => "not recorded yet",
             (None, _) => "not in this config",
         };
-        println!("{name}: {verdict}");
+        say!("{name}: {verdict}");
         if let Some(h) = &here {
-            println!("  this config: {h}");
+            say!("  this config: {h}");
         }
         if let Some(r) = recorded {
             let settling = if r.settling.is_zero() {
@@ -422,9 +422,10 @@ pub(super) async fn partitions_list(path: &Path) -> ExitCode {
             } else {
                 format!(", settling for {:?} more", r.settling)
             };
-            println!(
+            say!(
                 "  store:       {} (epoch {}{settling})",
-                r.definition, r.epoch
+                r.definition,
+                r.epoch
             );
         }
     }
@@ -443,14 +444,14 @@ pub(super) async fn partitions_resize(
         Err(code) => return code,
     };
     let Some(partition) = config.partitions.iter().find(|p| p.name.as_str() == name) else {
-        eprintln!(
+        tell!(
             "error: {}: no partition `{name}` in this config",
             path.display()
         );
         return ExitCode::from(EXIT_CONFIG);
     };
     if count == 0 || count > 65_536 {
-        eprintln!("error: a partition count must be between 1 and 65536, not {count}");
+        tell!("error: a partition count must be between 1 and 65536, not {count}");
         return ExitCode::from(EXIT_CONFIG);
     }
     let least = partition.duration;
@@ -464,14 +465,15 @@ pub(super) async fn partitions_resize(
     .await;
     match result {
         Ok((record, false)) => {
-            println!(
+            say!(
                 "partition `{name}` is already recorded as `{}` (epoch {}); nothing changed",
-                record.definition, record.epoch
+                record.definition,
+                record.epoch
             );
             ExitCode::SUCCESS
         }
         Ok((record, true)) => {
-            println!(
+            say!(
                 "partition `{name}` is now `{}` (epoch {}). No instance serves it for the next {:?}; then instances deployed with count {count} serve it, and the others answer 503 partition-mismatch until they are",
                 record.definition, record.epoch, record.settling
             );

@@ -3,6 +3,39 @@
 //! 1 runtime failure. This is the binary's edge: errors are rendered here,
 //! with their whole chain of causes.
 
+/// A line to stdout. Output that cannot be written (a closed pipe, a `| head`,
+/// a journal that went away) is lost; the process goes on. Every line the
+/// binary writes goes through this or `tell!`, never `println!`, which
+/// panics on a closed stdout.
+macro_rules! say {
+    () => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock());
+    }};
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout().lock(), $($arg)*);
+    }};
+}
+
+/// Text to stdout without a newline, under `say!`'s rule.
+macro_rules! say_raw {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, $($arg)*);
+        let _ = out.flush();
+    }};
+}
+
+/// A line to stderr, under `say!`'s rule.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($arg)*);
+    }};
+}
+
 mod commands;
 mod demo;
 
@@ -130,7 +163,7 @@ pub(crate) const EXIT_CONFIG: u8 = 2;
 /// Loads a config, or prints why not and gives the exit code.
 pub(crate) fn load_config(path: &std::path::Path) -> Result<Config, ExitCode> {
     Config::load(path).map_err(|e| {
-        eprintln!("error: {e}");
+        tell!("error: {e}");
         ExitCode::from(EXIT_CONFIG)
     })
 }
@@ -145,6 +178,10 @@ fn init_logging(format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
+        // A log line that cannot be written is lost; by default the
+        // subscriber would report that with `eprintln!`, which panics the
+        // task that logged when stderr is closed.
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -169,7 +206,7 @@ pub(crate) fn report(error: &dyn std::error::Error) -> String {
 
 /// Prints an error with its causes and gives the runtime-failure exit code.
 pub(crate) fn fail(error: &dyn std::error::Error) -> ExitCode {
-    eprintln!("error: {}", report(error));
+    tell!("error: {}", report(error));
     ExitCode::from(EXIT_RUNTIME)
 }
 
@@ -186,7 +223,7 @@ pub fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            tell!("error: cannot start the async runtime: {e}");
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
