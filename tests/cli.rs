@@ -358,6 +358,85 @@ async fn demo_answers_every_request_it_prints_on_etcd() {
     demo_round_trip(&["--base-port", "0", "--store", "etcd", "--store-url", &url]).await;
 }
 
+/// An app that exits is reported with its log's end and restarted, and
+/// answers again; one that keeps exiting stops the demo with exit 1 rather
+/// than leaving a broken cluster running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_restarts_an_app_that_exits_and_stops_when_one_keeps_exiting() {
+    let mut demo = Demo::start(&["--base-port", "0"]);
+    demo.read_until("its guide", Duration::from_secs(90), |l| {
+        l.starts_with("Ctrl-C")
+    });
+    let dir = demo.printed[0]
+        .rsplit("files in ")
+        .next()
+        .unwrap()
+        .trim()
+        .to_string();
+    let (_, _, mut app) = demo.pids()[0].clone();
+    for exit in 1..=3 {
+        assert!(Command::new("kill")
+            .args(["-9", &app.to_string()])
+            .status()
+            .unwrap()
+            .success());
+        if exit == 3 {
+            break;
+        }
+        let reported = format!("app-1 (pid {app}) exited");
+        demo.read_until("the app's exit", Duration::from_secs(10), |l| {
+            l.contains(&reported)
+        });
+        demo.read_until("the app back", Duration::from_secs(10), |l| {
+            l.starts_with("app-1 is back (pid ") && !l.contains(&format!("(pid {app})"))
+        });
+        app = demo
+            .printed
+            .iter()
+            .rev()
+            .find_map(|l| l.strip_prefix("app-1 is back (pid "))
+            .and_then(|l| l.trim_end_matches(')').parse().ok())
+            .unwrap();
+        assert!(alive(app));
+        // Its log's end came with the report: the app's own line.
+        assert!(
+            demo.printed
+                .iter()
+                .any(|l| l.trim().starts_with("listening on 127.0.0.1:")),
+            "{:#?}",
+            demo.printed
+        );
+        let out = run_line(
+            demo.printed
+                .iter()
+                .map(|l| l.trim())
+                .find(|l| l.starts_with("for d in"))
+                .unwrap(),
+        );
+        assert_eq!(
+            out.lines().filter(|l| l.contains(" as holder of ")).count(),
+            6,
+            "{out}"
+        );
+    }
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = demo.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the demo went on with an app that keeps exiting"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(1), "{status}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut demo.child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("exited 3 times within 60 s"), "{err}");
+    assert!(!Path::new(&dir).exists(), "{dir} removed");
+}
+
 /// A running demo and the lines it printed.
 struct Demo {
     child: std::process::Child,

@@ -667,14 +667,14 @@ async fn app_exited(
     dir: &Path,
     status: std::process::ExitStatus,
 ) -> Result<(), DemoError> {
-    let pid = n.app_child.take().map(|c| c.id()).unwrap_or_default();
+    let gone = n.app_child.take().map(|c| c.id()).unwrap_or_default();
     let log = n.app_log(dir);
     let now = Instant::now();
     n.app_exits.retain(|t| now.duration_since(*t) < EXIT_WINDOW);
     n.app_exits.push(now);
     if n.app_exits.len() >= APP_EXITS {
         return Err(DemoError::Setup(format!(
-            "{} (pid {pid}) exited {} times within {} s ({status}); its log ends:\n{}",
+            "{} (pid {gone}) exited {} times within {} s ({status}); its log ends:\n{}",
             n.app_name(),
             n.app_exits.len(),
             EXIT_WINDOW.as_secs(),
@@ -682,7 +682,7 @@ async fn app_exited(
         )));
     }
     say!(
-        "\n{} (pid {pid}) exited: {status}. Its log ends:\n{}\nUntil it is back, what {} runs \
+        "\n{} (pid {gone}) exited: {status}. Its log ends:\n{}\nUntil it is back, what {} runs \
          itself answers 502 (after 3 failed health checks, 3 s, it also hands its roles over). \
          Restarting it on port {}.",
         n.app_name(),
@@ -690,7 +690,9 @@ async fn app_exited(
         n.name,
         n.app
     );
-    spawn_app(n, dir).await
+    spawn_app(n, dir).await?;
+    say!("{} is back (pid {})", n.app_name(), pid(&n.app_child));
+    Ok(())
 }
 
 fn print_guide(nodes: &[Node], holder: usize, dir: &Path) {

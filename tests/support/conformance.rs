@@ -86,6 +86,26 @@ impl Scale {
     pub async fn past(self, ms: u64) {
         tokio::time::sleep(Duration::from_millis(ms * self.factor + self.slack_ms)).await;
     }
+
+    /// Sleeps as `past(ms)`, then reads with `read` until `done` holds,
+    /// for up to 10 s more (scaled): on a busy machine a store may act on
+    /// an expiry a moment late, and etcd counts leases in whole seconds.
+    /// Gives the last value read, for the caller's assertion.
+    pub async fn read_past<T, F, Fut>(self, ms: u64, mut read: F, done: impl Fn(&T) -> bool) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        self.past(ms).await;
+        let deadline = std::time::Instant::now() + Duration::from_millis(10_000 * self.factor);
+        loop {
+            let value = read().await;
+            if done(&value) || std::time::Instant::now() >= deadline {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 pub fn instance(n: u32) -> InstanceInfo {
@@ -370,8 +390,14 @@ pub async fn presence_lists_live_members_and_forgets_gone_ones(
     let seen = store.presence(&a, true, "", ttl).await.unwrap();
     assert!(!ids(&seen).contains(&b.id), "b left: {seen:?}");
     // a stops refreshing: expired, it is no longer listed.
-    scale.past(400).await;
-    let seen = store.presence(&c, true, "", ttl).await.unwrap();
+    let seen = scale
+        .read_past(
+            400,
+            || store.presence(&c, true, "", ttl),
+            |seen| seen.as_ref().is_ok_and(|seen| !ids(seen).contains(&a.id)),
+        )
+        .await
+        .unwrap();
     assert!(!ids(&seen).contains(&a.id), "a expired: {seen:?}");
     assert!(ids(&seen).contains(&c.id));
 }
@@ -473,8 +499,14 @@ pub async fn partition_definition_change_settles_by_the_store_clock_and_wakes_su
     let read = store.partitions().await.unwrap();
     assert!(!read[0].settling.is_zero(), "still settling: {read:?}");
     assert_eq!(read[0].definition, "count=16");
-    scale.past(1_300).await;
-    let read = store.partitions().await.unwrap();
+    let read = scale
+        .read_past(
+            1_300,
+            || store.partitions(),
+            |read| read.as_ref().is_ok_and(|r| r[0].settling.is_zero()),
+        )
+        .await
+        .unwrap();
     assert!(read[0].settling.is_zero(), "settled: {read:?}");
 }
 
@@ -841,8 +873,13 @@ pub async fn presence_changes_name_joins_changes_and_departures_only(
         .unwrap();
     let joined = read(a.clone(), Some(moved.cursor)).await;
     assert!(ids(&joined).contains(&d.id), "{joined:?}");
-    scale.past(short).await;
-    let ended = read(a.clone(), Some(joined.cursor)).await;
+    let ended = scale
+        .read_past(
+            short,
+            || read(a.clone(), Some(joined.cursor)),
+            |ended| departed(ended, &d.id),
+        )
+        .await;
     assert!(
         departed(&ended, &d.id),
         "the ended record is named: {ended:?}"
