@@ -166,12 +166,13 @@ pub(crate) struct RequestMetrics {
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
-pub(crate) const OUTCOMES: [&str; 19] = [
+pub(crate) const OUTCOMES: [&str; 20] = [
     "local",
     "forwarded",
     "passthrough",
     "missing-key",
     "bad-key",
+    "ambiguous-key",
     "bad-request",
     "bad-body",
     "ambiguous-path",

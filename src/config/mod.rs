@@ -26,7 +26,7 @@ mod tests_transport;
 mod transport;
 
 pub use crate::lease::LeaseTimings;
-pub use crate::proxy::{HopProtocol, KeySource};
+pub use crate::proxy::{FormBody, HopProtocol, KeySource};
 pub use crate::store::config::STORE_PASSWORD_VAR;
 pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
 pub use crate::tls::{PeersConfig, TlsConfig};
@@ -256,6 +256,8 @@ pub enum RouteTarget {
         scope: Option<String>,
         /// Where the key is found.
         key: KeySource,
+        /// Whether a form body is read for a query key.
+        body: FormBody,
     },
 }
 
@@ -304,6 +306,7 @@ impl RouteConfig {
                 name: name.clone(),
                 scope: self.scope.clone(),
                 key: self.key.as_ref()?.source()?,
+                body: self.key.as_ref()?.body,
             }),
             _ => None,
         }
@@ -336,6 +339,15 @@ pub struct KeyConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub path_segment: Option<KeySource>,
+    /// With `query`: `check` (the default) reads a form body for the key
+    /// parameter and refuses a request whose body names it; `ignore` leaves
+    /// bodies alone, for an app that reads the key from the URL only.
+    #[serde(
+        default,
+        with = "routes::form_body",
+        skip_serializing_if = "routes::form_body::is_default"
+    )]
+    pub body: FormBody,
 }
 
 impl KeyConfig {
@@ -593,7 +605,9 @@ impl Config {
         for r in &self.routes {
             let owner = match r.target() {
                 Some(RouteTarget::Role(role)) => format!("role {role}"),
-                Some(RouteTarget::Partition { name, scope, key }) => {
+                Some(RouteTarget::Partition {
+                    name, scope, key, ..
+                }) => {
                     format!("partition {name} key {key:?} scope {scope:?}")
                 }
                 None => continue,

@@ -66,6 +66,22 @@ pub(super) mod key_query {
     pub(crate) use value::opt_text::serialize;
 }
 
+/// `key.body`: `check` or `ignore`.
+pub(super) mod form_body {
+    use super::*;
+    use crate::proxy::FormBody;
+    const WORDS: &[(&str, FormBody)] = &[("check", FormBody::Check), ("ignore", FormBody::Ignore)];
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<FormBody, D::Error> {
+        value::word(d, WORDS, "a body rule")
+    }
+    pub(crate) fn serialize<S: Serializer>(v: &FormBody, s: S) -> Result<S::Ok, S::Error> {
+        value::write_word(v, WORDS, s)
+    }
+    pub(crate) fn is_default(v: &FormBody) -> bool {
+        *v == FormBody::Check
+    }
+}
+
 /// `key.path_segment`: a segment number from 1 to 1024, or `last`.
 pub(super) mod segment {
     use super::*;
@@ -176,6 +192,12 @@ impl Checker {
                     return Err(self.err(
                         &key("key"),
                         "needs exactly one of `header`, `query`, `path_segment`",
+                    ));
+                }
+                if k.query.is_none() && k.body != crate::proxy::FormBody::Check {
+                    return Err(self.err(
+                        &key("key.body"),
+                        "only a `query` key reads form bodies",
                     ));
                 }
                 Ok(())

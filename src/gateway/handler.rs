@@ -61,12 +61,18 @@ impl GatewayState {
                         .role(&name)
                         .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
                 ),
-                RouteTarget::Partition { name, scope, key } => GateTarget::Partition {
+                RouteTarget::Partition {
+                    name,
+                    scope,
+                    key,
+                    body,
+                } => GateTarget::Partition {
                     partition: coordinator
                         .partition(&name)
                         .ok_or_else(|| GatewayError::NotRegistered(name.to_string()))?,
                     scope: scope.as_deref().map(Arc::from),
                     key: KeyExtractor::from_source(&key),
+                    body,
                 },
             };
             routes.add(&r.prefixes, Arc::new(target));

@@ -12,7 +12,7 @@ use super::forward::{add_forwarding_fields, ForwardError, Forwarder, HopContext,
 use super::headers::{HOP, REFUSED};
 use super::hold::{HeldSlot, Holds};
 use super::hop::{HopRefusal, HopSigner};
-use super::keys::{KeyError, KeyExtractor};
+use super::keys::{FormBody, KeyError, KeyExtractor};
 use super::problem::{is_grpc, Problem, Reason};
 use super::trust::{is_trusted, Cidr};
 use crate::lease::{HeldLease, LocalWork, RoleLease, RolePartition};
@@ -43,6 +43,8 @@ pub(crate) enum GateTarget {
         partition: RolePartition,
         scope: Option<Arc<str>>,
         key: KeyExtractor,
+        /// Whether a form body is read for a query key.
+        body: FormBody,
     },
 }
 
@@ -121,6 +123,7 @@ impl GateTarget {
                 partition,
                 scope,
                 key,
+                ..
             } => {
                 if let Some(problem) = mismatch_problem(partition) {
                     return Decision::Reject(problem);
@@ -133,6 +136,21 @@ impl GateTarget {
                     Some(s) => partition.resolve_scoped(s, &k),
                     None => partition.resolve(&k),
                 };
+                // Every reading the app might apply must land here too.
+                let count = partition.count();
+                let elsewhere = key.readings(uri, &k).into_iter().find(|other| {
+                    crate::lease::partition_index(scope.as_deref(), other, count) != r.index
+                });
+                if let Some(other) = elsewhere {
+                    let detail = format!(
+                        "partition `{}` key ({key:?}): `{k}` and `{other}` (the same text read another way, as some apps read it) land in different roles",
+                        partition.name()
+                    );
+                    return Decision::Reject(
+                        Problem::new(Reason::AmbiguousKey, detail)
+                            .partition(Some(partition.name().clone())),
+                    );
+                }
                 if r.held {
                     if let Some((held, work)) = partition.begin_local(r.index) {
                         return Decision::Local(held, work);
@@ -187,6 +205,10 @@ fn key_problem(partition: &RolePartition, key: &KeyExtractor, e: KeyError) -> Pr
         KeyError::Missing => (
             Reason::MissingKey,
             format!("partition `{}` needs a key ({key:?})", partition.name()),
+        ),
+        KeyError::Ambiguous => (
+            Reason::AmbiguousKey,
+            format!("partition `{}` key ({key:?}): {e}", partition.name()),
         ),
         other => (
             Reason::BadKey,
@@ -701,5 +723,18 @@ impl GateSettings {
 impl GateTarget {
     pub(crate) fn partition_label(&self) -> Option<Arc<str>> {
         self.partition_name()
+    }
+
+    /// The query parameter a form body must not name, on a query-keyed
+    /// route that checks bodies.
+    pub(crate) fn form_key(&self) -> Option<&str> {
+        match self {
+            GateTarget::Partition {
+                key: KeyExtractor::Query(name),
+                body: FormBody::Check,
+                ..
+            } => Some(name),
+            _ => None,
+        }
     }
 }

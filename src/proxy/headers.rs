@@ -48,7 +48,7 @@ pub fn rolegate_hops(headers: &HeaderMap) -> usize {
 pub fn carries_hop_marker(headers: &HeaderMap) -> bool {
     let marker = headers
         .keys()
-        .any(|k| same_when_underscored(k.as_str(), HOP.as_str()));
+        .any(|k| same_when_folded(k.as_str(), HOP.as_str()));
     marker
         || headers
             .get_all(header::VIA)
@@ -75,15 +75,30 @@ pub fn passed_through(headers: &HeaderMap, instance_id: &str) -> bool {
         .any(|id| id == instance_id.as_bytes())
 }
 
-/// Whether header names `a` and `b` are the same once `_` is read as `-`
-/// and ASCII case ignored (CGI/WSGI servers turn both into `HTTP_A_B`).
-pub fn same_when_underscored(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes().zip(b.bytes()).all(|(x, y)| {
-            let x = if x == b'_' { b'-' } else { x };
-            let y = if y == b'_' { b'-' } else { y };
-            x.eq_ignore_ascii_case(&y)
-        })
+/// A header name byte as a CGI server folds it into an environment
+/// variable name: letters and digits kept (case ignored), every other byte
+/// read as `_`. RFC 3875 maps `-` to `_`; PHP also maps `.` and space, and
+/// Apache's `ap_create_environment` every byte that is not a letter or digit.
+fn cgi_fold(b: u8) -> u8 {
+    if b.is_ascii_alphanumeric() {
+        b.to_ascii_uppercase()
+    } else {
+        b'_'
+    }
+}
+
+/// Whether header names `a` and `b` are the same variable to a CGI, PHP,
+/// Rack or WSGI app (`X.Rolegate-Role` and `x_rolegate_role` both become
+/// `HTTP_X_ROLEGATE_ROLE`).
+pub fn same_when_folded(a: &str, b: &str) -> bool {
+    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| cgi_fold(x) == cgi_fold(y))
+}
+
+/// Whether a header name holds a byte other than a letter, a digit or `-`:
+/// such a name is the same variable as a plain one to a CGI server, so the
+/// gateway drops it (as nginx's `ignore_invalid_headers` does by default).
+fn has_foldable_punctuation(name: &str) -> bool {
+    name.bytes().any(|b| !(b.is_ascii_alphanumeric() || b == b'-'))
 }
 
 /// URL-rewrite fields, removed from every request.
@@ -104,13 +119,19 @@ const CLIENT_VIEW_FIELDS: &[&str] = &[
     "x-script-name",
 ];
 
-/// Whether a request field is removed at the edge: any name with `_` (CGI
-/// and WSGI servers merge `_` and `-`, and gunicorn takes `SCRIPT_NAME` from
-/// a header; nginx drops them by default too), `X-Rolegate-*` (only gateways
-/// set them), URL-rewrite fields, and, `with_forwarding`, the fields that
-/// describe the client and the proxy chain. Names are lowercase.
+/// Whether a request field is removed at the edge: any name with a byte
+/// other than a letter, a digit or `-` (CGI, PHP, Rack and WSGI servers fold
+/// `_`, `.` and other punctuation into `_` as they do `-`, so `X.Rolegate.Role`
+/// would reach a PHP app as `HTTP_X_ROLEGATE_ROLE`, and gunicorn takes
+/// `SCRIPT_NAME` from a header; nginx drops such names by default too),
+/// `X-Rolegate-*` (only gateways set them), URL-rewrite fields, and,
+/// `with_forwarding`, the fields that describe the client and the proxy
+/// chain. Names are lowercase.
 fn is_gateway_field(name: &str, with_forwarding: bool) -> bool {
-    if name.contains('_') || name.starts_with("x-rolegate-") || REWRITE_FIELDS.contains(&name) {
+    if has_foldable_punctuation(name)
+        || name.starts_with("x-rolegate-")
+        || REWRITE_FIELDS.contains(&name)
+    {
         return true;
     }
     with_forwarding && (name.starts_with("x-forwarded-") || CLIENT_VIEW_FIELDS.contains(&name))
@@ -354,8 +375,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Removes every client-sent `X-Rolegate-*` field, every field with `_` in
-/// its name and the URL-rewrite fields.
+/// Removes every client-sent `X-Rolegate-*` field, every field whose name
+/// holds punctuation other than `-` and the URL-rewrite fields.
 pub fn strip_rolegate(headers: &mut HeaderMap) {
     strip_fields(headers, false);
 }
@@ -700,10 +721,41 @@ mod tests {
     }
 
     #[test]
-    fn look_alike_names_compare_with_underscores_as_dashes() {
-        assert!(same_when_underscored("x_device_id", "x-device-id"));
-        assert!(same_when_underscored("X_Device-Id", "x-device-id"));
-        assert!(!same_when_underscored("x_device_ids", "x-device-id"));
+    fn look_alike_names_compare_as_a_cgi_server_folds_them() {
+        assert!(same_when_folded("x_device_id", "x-device-id"));
+        assert!(same_when_folded("X_Device-Id", "x-device-id"));
+        assert!(same_when_folded("x.device.id", "x-device-id"));
+        assert!(!same_when_folded("x_device_ids", "x-device-id"));
+        assert!(!same_when_folded("x-devicexid", "x-device-id"));
+    }
+
+    /// Every punctuation byte a field name may hold (RFC 9110 `tchar`) but
+    /// `-` makes a name the gateway drops, in place of any `-` of a trusted
+    /// or forwarding name; letters and digits do not.
+    #[test]
+    fn every_tchar_punctuation_spelling_of_a_trusted_name_is_removed() {
+        const PUNCTUATION: &[u8] = b"!#$%&'*+.^_`|~";
+        for name in ["x-rolegate-role", "x-rolegate-token", "x-rolegate-hop", "x-forwarded-for"] {
+            for &p in PUNCTUATION {
+                let spelled: String = name
+                    .bytes()
+                    .map(|b| if b == b'-' { p as char } else { b as char })
+                    .collect();
+                let mut h = HeaderMap::new();
+                h.insert(
+                    HeaderName::from_bytes(spelled.as_bytes()).unwrap(),
+                    HeaderValue::from_static("forged"),
+                );
+                h.insert("x-kept", HeaderValue::from_static("1"));
+                strip_rolegate(&mut h);
+                assert_eq!(h.len(), 1, "{spelled} survived: {h:?}");
+                assert!(same_when_folded(&spelled, name), "{spelled}");
+            }
+        }
+        let mut h = HeaderMap::new();
+        h.insert("x-device-id2", HeaderValue::from_static("1"));
+        strip_rolegate(&mut h);
+        assert_eq!(h.len(), 1, "letters and digits are kept");
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! values percent-decoded once), so `rolegate resolve KEY` and the library's
 //! `resolve(key)` agree with the gateway whatever encoding the client used.
 //! Where two parsers could see two different keys, the request is refused.
+//! Every reading an app might apply to the key's text (as sent, percent-decoded,
+//! form-decoded with `+` as a space) must land in one partition; the gate
+//! checks that with [`KeyExtractor::readings`].
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -20,6 +23,22 @@ pub enum KeySource {
     PathSegment(usize),
     /// The last path segment.
     PathSegmentLast,
+}
+
+/// Whether a query-keyed route reads a form body for its key parameter
+/// (the config's `key.body`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FormBody {
+    /// Read a form body (`application/x-www-form-urlencoded`,
+    /// `multipart/form-data`) before deciding, and refuse the request when
+    /// it names the key parameter: many apps merge body parameters over the
+    /// query's (Go's `FormValue`, Rack's `params`, PHP's `$_REQUEST`).
+    #[default]
+    Check,
+    /// Leave bodies alone: only for an app that reads the key from the URL
+    /// alone (Rails' `params`, Tomcat's and Jetty's `getParameter`, whose
+    /// query wins).
+    Ignore,
 }
 
 type KeyFn = Arc<dyn Fn(&Uri, &HeaderMap) -> Option<String> + Send + Sync>;
@@ -95,6 +114,16 @@ impl KeyExtractor {
             KeyExtractor::Header(name) => header_key(headers, name)?,
             KeyExtractor::Query(name) => {
                 let query = uri.query().unwrap_or_default();
+                // Tomcat drops a pair with a malformed escape, so a second
+                // value of the key (a form body's) would win there.
+                if has_malformed_escape(query) {
+                    return Err(KeyError::Ambiguous);
+                }
+                // PHP's `$_REQUEST` takes cookies over the query unless
+                // `request_order` says otherwise.
+                if cookie_names(headers, name) {
+                    return Err(KeyError::Ambiguous);
+                }
                 let by_amp = query_key(query, name, false)?;
                 if query.contains(';') && query_key(query, name, true)? != by_amp {
                     // Some servers split on `;` as well as `&`.
@@ -120,6 +149,100 @@ impl KeyExtractor {
         }
         Ok(key)
     }
+
+    /// The other texts an app might take the key to be, beside `key` (what
+    /// [`extract`](Self::extract) gave), as far as they differ from it. A
+    /// route is safe only when all of them land in one partition.
+    /// - A path segment as sent, and form-decoded (`+` as a space): Rack's
+    ///   `PATH_INFO`, Go's `EscapedPath` and Tomcat's `getRequestURI` give
+    ///   `/orders/%701` as `%701`, and `URLDecoder.decode` of that gives
+    ///   `/orders/p+3` as `p 3`.
+    /// - A query value percent-decoded with `+` kept (`decodeURIComponent`,
+    ///   Go's `PathUnescape`) as well as with `+` as a space.
+    /// - A header value is read as sent: nothing else.
+    ///
+    /// Nothing for a custom key.
+    pub fn readings(&self, uri: &Uri, key: &str) -> Vec<String> {
+        let (raw, forms): (Option<&str>, &[(bool, bool)]) = match self {
+            KeyExtractor::Query(name) => (
+                raw_query_value(uri.query().unwrap_or_default(), name),
+                &[(true, false)],
+            ),
+            KeyExtractor::PathSegment(n) => (
+                path_segments(uri.path())
+                    .ok()
+                    .and_then(|s| s.get(n.saturating_sub(1)).copied()),
+                &[(false, false), (true, true)],
+            ),
+            KeyExtractor::PathSegmentLast => (
+                path_segments(uri.path()).ok().and_then(|s| s.last().copied()),
+                &[(false, false), (true, true)],
+            ),
+            KeyExtractor::Header(_) | KeyExtractor::Custom(_) => (None, &[]),
+        };
+        let Some(raw) = raw else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = Vec::new();
+        for &(decode, plus) in forms {
+            let spaced: Vec<u8> = raw
+                .bytes()
+                .map(|b| if plus && b == b'+' { b' ' } else { b })
+                .collect();
+            let reading = if decode {
+                String::from_utf8_lossy(&super::canonical::percent_decode(&spaced)).into_owned()
+            } else {
+                String::from_utf8_lossy(&spaced).into_owned()
+            };
+            if reading != key && !reading.is_empty() && !out.contains(&reading) {
+                out.push(reading);
+            }
+        }
+        out
+    }
+}
+
+/// Whether `text` holds a `%` not followed by two hex digits (`%zz`, `%u0041`,
+/// a trailing `%`): servers differ on what such an escape means, and some
+/// drop the whole parameter.
+pub(crate) fn has_malformed_escape(text: &str) -> bool {
+    let b = text.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| {
+        c == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
+}
+
+/// Whether a `Cookie` field names the query key `name` (compared as
+/// lenient parsers fold names).
+fn cookie_names(headers: &HeaderMap, name: &str) -> bool {
+    let want = fold_param_name(name);
+    headers
+        .get_all(http::header::COOKIE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+        .filter_map(|pair| {
+            let pair = std::str::from_utf8(pair).ok()?;
+            Some(pair.split_once('=').map_or(pair, |(k, _)| k).trim())
+        })
+        .any(|k| {
+            let k = decode_utf8(k, true).unwrap_or(Cow::Borrowed(k));
+            fold_param_name(&k) == want
+        })
+}
+
+/// The undecoded value of query parameter `name` (its first pair).
+fn raw_query_value<'a>(query: &'a str, name: &str) -> Option<&'a str> {
+    query
+        .split(['&', ';'])
+        .filter_map(|pair| pair.split_once('=').or(Some((pair, ""))))
+        .find(|(k, _)| {
+            decode_utf8(k, true)
+                .unwrap_or(Cow::Borrowed(k))
+                .eq_ignore_ascii_case(name)
+        })
+        .map(|(_, v)| v)
 }
 
 /// Why a request has no usable partition key (answered 400).
@@ -135,20 +258,20 @@ pub enum KeyError {
     NotText,
 }
 
-/// A header key: exactly one field of that name, and no look-alike with `_`
-/// for `-` (CGI/WSGI servers merge the two).
+/// A header key: exactly one field of that name, and no look-alike that a
+/// CGI server folds into it (`X.Device_Id` for `X-Device-Id`).
 fn header_key<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Result<Cow<'a, str>, KeyError> {
     let mut values = headers.get_all(name).iter();
     let value = values.next().ok_or(KeyError::Missing)?;
     if values.next().is_some() {
         return Err(KeyError::Duplicate);
     }
-    // The gateway and the layers drop every `_` name before deciding; this
-    // keeps `extract` safe for a library user who calls it on raw headers.
-    if name.as_str().contains('-')
-        && headers
-            .keys()
-            .any(|k| k != name && super::headers::same_when_underscored(k.as_str(), name.as_str()))
+    // The gateway and the layers drop every name with punctuation other
+    // than `-` before deciding; this keeps `extract` safe for a library user
+    // who calls it on raw headers.
+    if headers
+        .keys()
+        .any(|k| k != name && super::headers::same_when_folded(k.as_str(), name.as_str()))
     {
         return Err(KeyError::Duplicate);
     }
@@ -188,7 +311,7 @@ fn query_key<'a>(
 /// A query parameter name as lenient parsers read it: leading spaces and
 /// brackets dropped, cut at NUL or the first bracket (`id[]` is `id`), `.`
 /// and space read as `_` (PHP), ASCII case folded.
-fn fold_param_name(name: &str) -> String {
+pub(crate) fn fold_param_name(name: &str) -> String {
     let name = name.split('\0').next().unwrap_or_default();
     let name = name.trim_start_matches([' ', '[', ']']);
     let name = name.split(['[', ']']).next().unwrap_or_default();
@@ -204,6 +327,9 @@ fn fold_param_name(name: &str) -> String {
 /// Rails' `(.:format)` and Spring's suffix matching would read
 /// `/orders/victim.json` as key `victim`.
 fn segment_key(raw: &str, last: bool) -> Result<Cow<'_, str>, KeyError> {
+    if has_malformed_escape(raw) {
+        return Err(KeyError::Ambiguous);
+    }
     let key = decode_utf8(raw, false)?;
     if last && key.contains('.') {
         return Err(KeyError::Ambiguous);
@@ -399,5 +525,58 @@ mod tests {
         look_alike.append("x-device-id", "benign".parse().unwrap());
         look_alike.append("x_device_id", "victim".parse().unwrap());
         assert_eq!(key(&dev, "/", &look_alike), Err(KeyError::Duplicate));
+    }
+
+    #[test]
+    fn malformed_escapes_and_cookies_naming_a_query_key_are_ambiguous() {
+        let id = KeyExtractor::query("id");
+        let h = HeaderMap::new();
+        for q in [
+            "/a?id=m0%zz",
+            "/a?id=m0%",
+            "/a?id=m0%2",
+            "/a?id=m0%g1",
+            "/a?id=m0%%",
+            "/a?id=m0%u0041",
+            "/a?id=m0&x=%zz",
+        ] {
+            assert_eq!(key(&id, q, &h), Err(KeyError::Ambiguous), "{q}");
+        }
+        assert_eq!(
+            key(&KeyExtractor::PathSegment(2), "/orders/m%zz/x", &h),
+            Err(KeyError::Ambiguous)
+        );
+        let mut cookie = HeaderMap::new();
+        cookie.insert("cookie", "session=1; ID=victim".parse().unwrap());
+        assert_eq!(key(&id, "/a?id=mine", &cookie), Err(KeyError::Ambiguous));
+        cookie.insert("cookie", "session=1; idx=2".parse().unwrap());
+        assert_eq!(key(&id, "/a?id=mine", &cookie).as_deref(), Ok("mine"));
+    }
+
+    #[test]
+    fn readings_are_the_other_texts_an_app_may_take_the_key_for() {
+        let h = HeaderMap::new();
+        let readings = |k: &KeyExtractor, u: &str| {
+            let u = uri(u);
+            let key = k.extract(&u, &h).unwrap().into_owned();
+            k.readings(&u, &key)
+        };
+        let seg = KeyExtractor::PathSegment(2);
+        assert_eq!(readings(&seg, "/orders/p+3/x"), vec!["p 3".to_string()]);
+        assert_eq!(readings(&seg, "/orders/%701/x"), vec!["%701".to_string()]);
+        assert!(readings(&seg, "/orders/p1/x").is_empty());
+        let last = KeyExtractor::PathSegmentLast;
+        assert_eq!(
+            readings(&last, "/orders/a%2Bb"),
+            vec!["a%2Bb".to_string()],
+            "decoded, form-decoded: a+b both"
+        );
+        let id = KeyExtractor::query("id");
+        assert_eq!(readings(&id, "/a?id=a+b"), vec!["a+b".to_string()]);
+        assert!(readings(&id, "/a?id=a%20b").is_empty());
+        let mut dev = HeaderMap::new();
+        dev.insert("x-device-id", "a+b%41".parse().unwrap());
+        let header = KeyExtractor::header("x-device-id").unwrap();
+        assert!(header.readings(&uri("/"), "a+b%41").is_empty());
     }
 }

@@ -295,6 +295,7 @@ impl PartitionHolderLayer {
                 partition: p,
                 scope: None,
                 key,
+                body: super::FormBody::Check,
             });
         if target.is_none() {
             tracing::info!(

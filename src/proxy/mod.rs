@@ -15,6 +15,7 @@ pub(crate) mod hold;
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod hop;
 pub(crate) mod idle;
+mod form_body;
 pub(crate) mod keys;
 pub(crate) mod layer;
 pub(crate) mod problem;
@@ -31,7 +32,7 @@ pub(crate) mod turns;
 pub(crate) use affine::Affinity;
 pub use forward::{ForwardError, Forwarder, HopProtocol};
 pub(crate) use gate::{failure_problem, NextHop};
-pub use keys::{KeyExtractor, KeySource};
+pub use keys::{FormBody, KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerError, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};
 pub use trust::Cidr;

@@ -33,9 +33,13 @@ pub enum Reason {
     /// The request itself is unusable (e.g. no leading slash, a control
     /// byte in the decoded path, two `Host` fields).
     BadRequest,
-    /// The partition key is given twice, or reads differently depending on
-    /// how the app parses the request.
+    /// The partition key is given twice, or is not text once decoded.
     BadKey,
+    /// The app could read the key another way and land in another
+    /// partition: its readings (as sent, percent-decoded, form-decoded)
+    /// disagree, a form body or a cookie names it too, an escape is
+    /// malformed, or a path splits differently.
+    AmbiguousKey,
     /// The path reads as two different gated routes.
     AmbiguousPath,
     /// The client's request body was malformed or cut off.
@@ -55,7 +59,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::MissingKey,
         Reason::HolderUnknown,
         Reason::HolderUnreachable,
@@ -66,6 +70,7 @@ impl Reason {
         Reason::UpstreamBadUpgrade,
         Reason::BadRequest,
         Reason::BadKey,
+        Reason::AmbiguousKey,
         Reason::AmbiguousPath,
         Reason::BadBody,
         Reason::MethodNotAllowed,
@@ -87,6 +92,7 @@ impl Reason {
             Reason::UpstreamBadUpgrade => "upstream-bad-upgrade",
             Reason::BadRequest => "bad-request",
             Reason::BadKey => "bad-key",
+            Reason::AmbiguousKey => "ambiguous-key",
             Reason::AmbiguousPath => "ambiguous-path",
             Reason::BadBody => "bad-body",
             Reason::MethodNotAllowed => "method-not-allowed",
@@ -102,6 +108,7 @@ impl Reason {
             Reason::MissingKey
             | Reason::BadRequest
             | Reason::BadKey
+            | Reason::AmbiguousKey
             | Reason::AmbiguousPath
             | Reason::BadBody => StatusCode::BAD_REQUEST,
             Reason::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -123,7 +130,8 @@ impl Reason {
             Reason::UpstreamTimeout => "Upstream app did not answer in time",
             Reason::UpstreamBadUpgrade => "Upstream switched protocols unsafely",
             Reason::BadRequest => "Bad request",
-            Reason::BadKey => "Partition key ambiguous",
+            Reason::BadKey => "Partition key unusable",
+            Reason::AmbiguousKey => "Partition key ambiguous",
             Reason::AmbiguousPath => "Path ambiguous",
             Reason::BadBody => "Request body malformed",
             Reason::MethodNotAllowed => "Method not allowed",

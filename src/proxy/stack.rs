@@ -229,6 +229,25 @@ impl<S: Local> Service<Routed> for Gate<S> {
                 Edge::Layer => true,
             };
             sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
+            if let Some(name) = target.form_key() {
+                match super::form_body::check(req, name).await {
+                    Ok(checked) => req = checked,
+                    Err(refusal) => {
+                        let reason = match refusal {
+                            super::form_body::FormRefusal::Broken => Reason::BadBody,
+                            _ => Reason::AmbiguousKey,
+                        };
+                        let partition = target.partition_label();
+                        let detail = format!(
+                            "partition `{}` key (query {name}): {refusal}",
+                            partition.as_deref().unwrap_or("?")
+                        );
+                        let problem = Problem::new(reason, detail).partition(partition);
+                        let (resp, outcome) = settings.reject(problem);
+                        return Ok(with_outcome(resp, outcome));
+                    }
+                }
+            }
             match settings.settle(&target, req, client, forwarded).await {
                 Settled::Local(req, lease, work) => {
                     Ok(run_local(inner, req, (lease, work), &settings).await)
