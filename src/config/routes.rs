@@ -195,10 +195,7 @@ impl Checker {
                     ));
                 }
                 if k.query.is_none() && k.body != crate::proxy::FormBody::Check {
-                    return Err(self.err(
-                        &key("key.body"),
-                        "only a `query` key reads form bodies",
-                    ));
+                    return Err(self.err(&key("key.body"), "only a `query` key reads form bodies"));
                 }
                 Ok(())
             }

@@ -45,8 +45,9 @@ fn form_of(headers: &HeaderMap) -> Result<Option<Form>, FormRefusal> {
     for value in headers.get_all(header::CONTENT_TYPE) {
         let text = String::from_utf8_lossy(value.as_bytes()).to_ascii_lowercase();
         if text.contains("multipart/") {
-            let boundary = boundary(value.as_bytes())
-                .ok_or(FormRefusal::Unreadable("a multipart type without a boundary"))?;
+            let boundary = boundary(value.as_bytes()).ok_or(FormRefusal::Unreadable(
+                "a multipart type without a boundary",
+            ))?;
             form = Some(Form::Multipart(boundary));
         } else if text.contains("x-www-form-urlencoded") && form.is_none() {
             form = Some(Form::UrlEncoded);
@@ -154,7 +155,9 @@ pub(crate) async fn check(req: Request<Body>, name: &str) -> Result<Request<Body
         .iter()
         .any(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
     if encoded {
-        return Err(FormRefusal::Unreadable("the body is encoded (Content-Encoding)"));
+        return Err(FormRefusal::Unreadable(
+            "the body is encoded (Content-Encoding)",
+        ));
     }
     let declared = req
         .headers()

@@ -91,14 +91,18 @@ fn cgi_fold(b: u8) -> u8 {
 /// Rack or WSGI app (`X.Rolegate-Role` and `x_rolegate_role` both become
 /// `HTTP_X_ROLEGATE_ROLE`).
 pub fn same_when_folded(a: &str, b: &str) -> bool {
-    a.len() == b.len() && a.bytes().zip(b.bytes()).all(|(x, y)| cgi_fold(x) == cgi_fold(y))
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .all(|(x, y)| cgi_fold(x) == cgi_fold(y))
 }
 
 /// Whether a header name holds a byte other than a letter, a digit or `-`:
 /// such a name is the same variable as a plain one to a CGI server, so the
 /// gateway drops it (as nginx's `ignore_invalid_headers` does by default).
 fn has_foldable_punctuation(name: &str) -> bool {
-    name.bytes().any(|b| !(b.is_ascii_alphanumeric() || b == b'-'))
+    name.bytes()
+        .any(|b| !(b.is_ascii_alphanumeric() || b == b'-'))
 }
 
 /// URL-rewrite fields, removed from every request.
@@ -735,7 +739,12 @@ mod tests {
     #[test]
     fn every_tchar_punctuation_spelling_of_a_trusted_name_is_removed() {
         const PUNCTUATION: &[u8] = b"!#$%&'*+.^_`|~";
-        for name in ["x-rolegate-role", "x-rolegate-token", "x-rolegate-hop", "x-forwarded-for"] {
+        for name in [
+            "x-rolegate-role",
+            "x-rolegate-token",
+            "x-rolegate-hop",
+            "x-forwarded-for",
+        ] {
             for &p in PUNCTUATION {
                 let spelled: String = name
                     .bytes()

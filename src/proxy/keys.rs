@@ -175,7 +175,9 @@ impl KeyExtractor {
                 &[(false, false), (true, true)],
             ),
             KeyExtractor::PathSegmentLast => (
-                path_segments(uri.path()).ok().and_then(|s| s.last().copied()),
+                path_segments(uri.path())
+                    .ok()
+                    .and_then(|s| s.last().copied()),
                 &[(false, false), (true, true)],
             ),
             KeyExtractor::Header(_) | KeyExtractor::Custom(_) => (None, &[]),

@@ -5,6 +5,7 @@ pub(crate) mod affine;
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod canonical;
 pub(crate) mod defaults;
+mod form_body;
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod forward;
 pub(crate) mod gate;
@@ -15,7 +16,6 @@ pub(crate) mod hold;
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod hop;
 pub(crate) mod idle;
-mod form_body;
 pub(crate) mod keys;
 pub(crate) mod layer;
 pub(crate) mod problem;
