@@ -206,9 +206,18 @@ async fn resolve_agrees_with_the_gateway_for_every_encoding_of_a_key() {
         "/orders/%6Frder%2D42",
         "/Orders/order-42/",
     ] {
-        let (status, _, _) = support::cluster::get(&format!("{}{path}", gw.url()))
+        let (status, _, body) = support::cluster::get(&format!("{}{path}", gw.url()))
             .await
             .unwrap();
+        // An escaped key is also read as sent by some apps: where that
+        // reading lands in another role, the gateway refuses it.
+        if path.contains('%') && status.as_u16() == 400 {
+            assert!(
+                String::from_utf8_lossy(&body).contains("ambiguous-key"),
+                "{path}"
+            );
+            continue;
+        }
         assert_eq!(status.as_u16(), 201, "{path}");
         let e = app.executed().into_iter().last().unwrap();
         assert_eq!(e.path, path);

