@@ -71,6 +71,14 @@ pub(crate) const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures
 /// secret), `stale` (signed more than 30 s from now).
 pub(crate) const HOPS_REFUSED: &str = "rolegate_hops_refused_total";
 
+/// Counter: client connections closed because the process's budget of
+/// unread response bytes (`proxy.max_unread_mib`) was reached and theirs had
+/// waited longest.
+pub(crate) const SLOW_READERS_CLOSED: &str = "rolegate_slow_readers_closed_total";
+/// Gauge: response bytes handed to client connections that have not asked
+/// for more.
+pub(crate) const UNREAD_BYTES: &str = "rolegate_unread_response_bytes";
+
 /// Installs the Prometheus recorder for this process.
 #[cfg(feature = "gateway")]
 pub(crate) fn install() -> Result<PrometheusHandle, metrics_exporter_prometheus::BuildError> {
@@ -139,6 +147,15 @@ fn describe() {
     describe_counter!(
         HEALTH_WITHDRAWALS,
         "times this instance stopped contending because its app failed its health check"
+    );
+    describe_counter!(
+        SLOW_READERS_CLOSED,
+        "client connections closed as the slowest readers when the unread-bytes budget was reached"
+    );
+    describe_gauge!(
+        UNREAD_BYTES,
+        Unit::Bytes,
+        "response bytes handed to client connections that have not asked for more"
     );
     describe_counter!(
         HOPS_REFUSED,

@@ -183,6 +183,11 @@ pub struct ProxyConfig {
     /// HTTP/2 on the public listener.
     #[serde(deserialize_with = "value::section")]
     pub http2: Http2Config,
+    /// MiB of response the process may have handed to client connections
+    /// that have not asked for more (1 to 1,000,000); beyond it the
+    /// connection whose client has waited longest is closed.
+    #[serde(deserialize_with = "value::count::<_, usize, 1, 1_000_000>")]
+    pub max_unread_mib: usize,
 }
 
 impl Default for ProxyConfig {
@@ -198,6 +203,7 @@ impl Default for ProxyConfig {
             upgrades: d::UPGRADES.iter().map(|s| s.to_string()).collect(),
             trusted_proxies: Vec::new(),
             max_connections: d::MAX_CONNECTIONS,
+            max_unread_mib: d::MAX_UNREAD_MIB,
             hold_timeout: d::HOLD_TIMEOUT,
             max_held: d::MAX_CONNECTIONS,
             http2: Http2Config::default(),

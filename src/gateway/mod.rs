@@ -9,6 +9,7 @@ mod health;
 mod refuse;
 mod server;
 mod tls;
+mod unread;
 mod upstream;
 mod workers;
 
@@ -113,6 +114,7 @@ pub(crate) async fn run(
         max_connections: connection_limit(&config).div_ceil(workers),
         idle_timeout: config.proxy.idle_timeout,
         http2: config.proxy.http2,
+        unread: unread::UnreadBudget::new(config.proxy.max_unread_mib.saturating_mul(1 << 20)),
     };
     // Metrics first, so every handle created below reports to the recorder.
     let metrics = install_metrics();

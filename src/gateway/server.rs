@@ -15,6 +15,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::handler::GatewayState;
 use super::tls::ListenerTls;
+use super::unread::UnreadBudget;
 use crate::body::Holding;
 use crate::config::Http2Config;
 use crate::listener::{
@@ -86,10 +87,13 @@ impl Drop for OpenConnection {
 }
 
 /// Connection limits of the public listener.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub(crate) struct ServeLimits {
     /// Connections served at once; beyond it new ones wait in the backlog.
     pub(crate) max_connections: usize,
+    /// Response bytes the process may have handed to clients that have not
+    /// asked for more (shared by every worker).
+    pub(crate) unread: Arc<UnreadBudget>,
     /// No byte either way for this long closes the connection.
     pub(crate) idle_timeout: Duration,
     /// HTTP/2 beside HTTP/1.1.
@@ -129,7 +133,7 @@ pub(crate) async fn serve(
         match tls {
             None => {
                 let facts = ConnectionFacts::plain(client);
-                let serving = (state, exchanges, limits);
+                let serving = (state, exchanges, limits.clone());
                 let fut = async move {
                     let _held = (slot, open);
                     serve_connection(stream, facts, serving, conn_stop).await
@@ -137,6 +141,7 @@ pub(crate) async fn serve(
                 tokio::spawn(fut);
             }
             Some(tls) => {
+                let limits = limits.clone();
                 tokio::spawn(async move {
                     let _held = (slot, open);
                     // The handshake runs here, in the connection's task, never in the accept loop.
@@ -156,12 +161,16 @@ pub(crate) async fn serve(
 /// `Drive::around`). (A macro: hyper's two connection types share no trait for
 /// `graceful_shutdown`.)
 macro_rules! drive {
-    ($conn:expr, $upstream:expr, $progress:expr, $idle:expr, $stop:expr, $first:expr) => {{
+    ($conn:expr, $upstream:expr, $progress:expr, $idle:expr, $stop:expr, $first:expr, $evict:expr) => {{
         let conn = $conn;
         tokio::pin!(conn);
         let upstream = &mut $upstream;
         tokio::select! {
             r = upstream.around(conn.as_mut()) => r.map_err(|e| e.to_string()),
+            _ = $evict.notified() => {
+                tracing::debug!("the unread-bytes budget is full and this client waited longest; closing");
+                Ok(())
+            }
             _ = no_request_within(&$first, HEADER_READ_TIMEOUT) => {
                 tracing::debug!("no request head within the header read timeout; closing");
                 Ok(())
@@ -203,10 +212,14 @@ async fn serve_connection<S>(
     let seen = first.clone();
     // The upstream connections this client connection owns, driven here.
     let (affinity, mut upstream) = Affinity::new(kept);
+    // Told when this connection holds the oldest unread bytes of a full budget.
+    let evict = Arc::new(Notify::new());
+    let (unread, evicts) = (limits.unread.clone(), evict.clone());
     let service = hyper::service::service_fn(move |mut req: http::Request<_>| {
         seen.store(true, Ordering::Release);
         req.extensions_mut().insert(affinity.clone());
         let (state, exchanges) = (state.clone(), exchanges.clone());
+        let (unread, evict) = (unread.clone(), evicts.clone());
         async move {
             // Never closed, so acquiring only waits.
             let exchange = exchanges.acquire_owned().await.ok();
@@ -214,6 +227,7 @@ async fn serve_connection<S>(
             // for a request's future as long as the connection, and this
             // one is 4.4 KB (the forwarding futures in it).
             let resp = Box::pin(state.handle(req, conn)).await;
+            let resp = resp.map(|body| unread.meter(body, &evict));
             Ok::<_, Infallible>(hold_until_streamed(resp, exchange))
         }
     });
@@ -224,13 +238,29 @@ async fn serve_connection<S>(
     let result = if limits.http2.enabled {
         let builder = connection_builder(limits.http2);
         let conn = builder.serve_connection_with_upgrades(io, service);
-        drive!(conn, upstream, progress, limits.idle_timeout, stop, first)
+        drive!(
+            conn,
+            upstream,
+            progress,
+            limits.idle_timeout,
+            stop,
+            first,
+            evict
+        )
     } else {
         // auto::Builder::http1_only is ignored once upgrades are served.
         let conn = http1_builder()
             .serve_connection(io, service)
             .with_upgrades();
-        drive!(conn, upstream, progress, limits.idle_timeout, stop, first)
+        drive!(
+            conn,
+            upstream,
+            progress,
+            limits.idle_timeout,
+            stop,
+            first,
+            evict
+        )
     };
     if let Err(e) = result {
         tracing::debug!(%client, error = %e, "connection ended with an error");

@@ -86,7 +86,7 @@ impl Workers {
         for (i, (listener, state)) in listeners.into_iter().zip(states).enumerate() {
             let (accepting_tx, accepting_rx) = oneshot::channel();
             let (exit_tx, exit_rx) = oneshot::channel::<()>();
-            let (tracker, tls) = (tracker.clone(), tls.clone());
+            let (tracker, tls, limits) = (tracker.clone(), tls.clone(), limits.clone());
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;

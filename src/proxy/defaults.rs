@@ -15,6 +15,9 @@ pub(crate) const CASE_INSENSITIVE_PATHS: bool = true;
 pub(crate) const UPGRADES: &[&str] = &["websocket"];
 /// `proxy.max_connections`: public-listener connections served at once.
 pub(crate) const MAX_CONNECTIONS: usize = 10_000;
+/// `proxy.max_unread_mib`: response MiB handed to clients that have not
+/// asked for more, process-wide, before the slowest reader is closed.
+pub(crate) const MAX_UNREAD_MIB: usize = 64;
 /// `proxy.http2.max_concurrent_streams`: streams one HTTP/2 client may have open at once.
 pub(crate) const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// `proxy.hold_timeout`: how long a role request with no servable holder waits for one.
