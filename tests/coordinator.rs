@@ -804,3 +804,78 @@ async fn a_steady_balanced_cluster_makes_no_moves_for_a_minute() {
         c.shutdown().await;
     }
 }
+
+/// A coordinator whose every handle is dropped without `shutdown()`
+/// releases its roles in the background: the store names no holder well
+/// before the term would have expired, another coordinator takes the role,
+/// and no two terms overlap. (Before, the dropped coordinator's loop renewed
+/// the role for as long as the process lived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_coordinator_releases_its_roles_to_another() {
+    let store = sqlite().await;
+    let t = LeaseTimings {
+        duration: Duration::from_secs(3),
+        renew_interval: Duration::from_secs(1),
+        safety_margin: Duration::from_secs(1),
+    };
+    let log = EventLog::default();
+    let names = vec!["solo".to_string()];
+    let a = start_with(&store, &names, &log, 1, t);
+    let role = a.role("solo").unwrap();
+    support::wait_for("a holds solo", Duration::from_secs(10), || role.is_held()).await;
+    let partition_free = a.partitions();
+    drop((a, role, partition_free));
+    let dropped = Instant::now();
+    let solo = [rolegate::RoleName::new("solo").unwrap()];
+    support::wait_for_async("the store names no holder", Duration::from_secs(15), || {
+        let (store, solo) = (store.clone(), solo.clone());
+        async move {
+            let records = store.snapshot(&solo).await.unwrap_or_default();
+            records.iter().all(|r| r.holder.is_none())
+        }
+    })
+    .await;
+    let released_in = dropped.elapsed();
+    assert!(
+        released_in < t.duration,
+        "released by the dropped coordinator, not expired: {released_in:?}"
+    );
+    let b = start_with(&store, &names, &log, 2, t);
+    let role = b.role("solo").unwrap();
+    support::wait_for(
+        "b holds solo",
+        t.duration + t.renew_interval + Duration::from_secs(5),
+        || role.is_held(),
+    )
+    .await;
+    b.shutdown().await;
+    log.check();
+}
+
+/// A role handle keeps its coordinator running after the coordinator
+/// handle itself is dropped: the role stays held while the handle lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_handle_keeps_its_coordinator_running() {
+    let store = memory().await;
+    let log = EventLog::default();
+    let names = vec!["kept".to_string()];
+    let a = start(&store, &names, &log, 1);
+    let role = a.role("kept").unwrap();
+    support::wait_for("a holds kept", Duration::from_secs(10), || role.is_held()).await;
+    drop(a);
+    let dropped = Instant::now();
+    // The store's term reaches past two durations after the drop: only
+    // renewals after it can put it there.
+    let kept = [rolegate::RoleName::new("kept").unwrap()];
+    support::wait_for_async("renewals after the drop", Duration::from_secs(20), || {
+        let (store, kept) = (store.clone(), kept.clone());
+        async move {
+            let records = store.snapshot(&kept).await.unwrap_or_default();
+            records.iter().any(|r| {
+                r.holder.is_some() && Instant::now() + r.remaining > dropped + TIMINGS.duration * 2
+            })
+        }
+    })
+    .await;
+    assert!(role.is_held(), "the handle's coordinator stopped");
+}

@@ -769,3 +769,53 @@ async fn the_worker_reports_its_metrics() {
         "{claims} missing from:\n{text}"
     );
 }
+
+/// A `run()` future that is dropped (a `select!` that took another branch,
+/// a timeout) stops what it started: its LISTEN connection and its
+/// queue-depth sampler end with it, so no connection and no task is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_run_future_leaves_no_listen_connection_and_no_task() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_drop", 0).await;
+    let channel = format!("{table}_drop");
+    let q = db.queue(&table);
+    let long = Duration::from_secs(600);
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let listening =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%'";
+    let count = || async {
+        sqlx::query_scalar::<_, i64>(listening)
+            .bind(&channel)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let worker = Worker::new(q.clone())
+        .idle_poll(long, long)
+        .listen(&channel);
+    // Never stopped: only dropped.
+    let run = tokio::spawn(worker.run(|_job: Job| async { Ok(()) }, std::future::pending()));
+    support::wait_for_async("the worker listens", Duration::from_secs(30), || async {
+        count().await > 0
+    })
+    .await;
+    assert!(tasks() > before + 1, "the worker's helpers run");
+    run.abort();
+    let _ = run.await;
+    support::wait_for_async(
+        "the LISTEN connection gone",
+        Duration::from_secs(30),
+        || async { count().await == 0 },
+    )
+    .await;
+    support::wait_for("no task left", Duration::from_secs(30), || {
+        tasks() <= before
+    })
+    .await;
+}

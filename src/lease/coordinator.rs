@@ -246,6 +246,7 @@ impl CoordinatorBuilder {
         ));
         shared.set_task(tokio::spawn(HeartbeatLoop::new(shared.clone()).run()));
         Ok(Coordinator {
+            keep: Arc::new(Keepalive(shared.clone())),
             shared,
             drain_timeout: self.drain_timeout,
         })
@@ -322,10 +323,53 @@ fn register(
 }
 
 /// Handle to the process's lease coordinator. Cheap to clone.
+///
+/// The loop runs while any handle lives (this one, a clone, a [`RoleLease`]
+/// or a [`RolePartition`]). When the last one is dropped without
+/// [`shutdown`](Self::shutdown), the coordinator stops admitting work at
+/// once and releases its roles in one store call in the background, bounded
+/// by the store timeout, with one WARN naming them; if the runtime is
+/// shutting down and the release cannot run, the roles expire as after a
+/// crash.
 #[derive(Clone)]
 pub struct Coordinator {
     shared: Arc<LeaseState>,
+    keep: Arc<Keepalive>,
     drain_timeout: Duration,
+}
+
+/// What the user's handles keep alive: dropping the last one without a
+/// shutdown stops the loop, which ends local work and releases the roles.
+pub(super) struct Keepalive(Arc<LeaseState>);
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        let shared = &self.0;
+        if shared.is_stopping() {
+            return;
+        }
+        let now = Instant::now();
+        let snap = shared.snapshot();
+        let held: Vec<&str> = snap
+            .roles
+            .iter()
+            .filter(|r| r.held_now(now))
+            .map(|r| r.name.as_ref())
+            .collect();
+        shared.begin_drain();
+        shared.request_stop();
+        // The first eight named, as the acquisition line does.
+        let mut named = held.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+        if held.len() > 8 {
+            named.push_str(", ...");
+        }
+        tracing::warn!(
+            instance = %shared.instance().id,
+            count = held.len(),
+            roles = %named,
+            "coordinator dropped without shutdown; releasing its roles"
+        );
+    }
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -372,6 +416,7 @@ impl Coordinator {
         Some(RoleLease {
             shared: self.shared.clone(),
             idx,
+            _keep: self.keep.clone(),
         })
     }
 
@@ -383,6 +428,7 @@ impl Coordinator {
             name: name.into(),
             count: meta.count,
             first: meta.first,
+            keep: self.keep.clone(),
         })
     }
 

@@ -96,6 +96,8 @@ fn begin_local(
 pub struct RoleLease {
     pub(super) shared: Arc<LeaseState>,
     pub(super) idx: usize,
+    /// Keeps the coordinator's loop running while this handle lives.
+    pub(super) _keep: Arc<super::coordinator::Keepalive>,
 }
 
 impl RoleLease {
@@ -185,6 +187,8 @@ pub struct RolePartition {
     pub(super) name: Arc<str>,
     pub(super) count: u32,
     pub(super) first: usize,
+    /// Keeps the coordinator's loop running while this handle lives.
+    pub(super) keep: Arc<super::coordinator::Keepalive>,
 }
 
 impl RolePartition {
@@ -293,6 +297,7 @@ impl RolePartition {
         (index < self.count).then(|| RoleLease {
             shared: self.shared.clone(),
             idx: self.first + index as usize,
+            _keep: self.keep.clone(),
         })
     }
 }

@@ -402,6 +402,11 @@ impl Worker {
         let wake = Arc::new(Notify::new());
         let mut tasks = JoinSet::new();
         let background = CancellationToken::new();
+        // The helpers end with this future, however it ends: returned, or
+        // dropped by a `select!` or a timeout (the handlers' tasks, in the
+        // JoinSet, are aborted then; their rows come back when their
+        // leases end).
+        let _helpers = background.clone().drop_guard();
         if let Some(channel) = this.listen.clone() {
             tokio::spawn(listen(
                 this.queue.pool().clone(),
