@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::handles::{RoleLease, RolePartition};
+use super::handles::{Keepalive, RoleLease, RolePartition};
 use super::heartbeat::HeartbeatLoop;
 use super::snapshot::HolderSnapshot;
 use super::state::{IntervalHook, LeaseState, PartitionMeta, Registry, RoleMeta};
@@ -336,40 +336,6 @@ pub struct Coordinator {
     shared: Arc<LeaseState>,
     keep: Arc<Keepalive>,
     drain_timeout: Duration,
-}
-
-/// What the user's handles keep alive: dropping the last one without a
-/// shutdown stops the loop, which ends local work and releases the roles.
-pub(super) struct Keepalive(Arc<LeaseState>);
-
-impl Drop for Keepalive {
-    fn drop(&mut self) {
-        let shared = &self.0;
-        if shared.is_stopping() {
-            return;
-        }
-        let now = Instant::now();
-        let snap = shared.snapshot();
-        let held: Vec<&str> = snap
-            .roles
-            .iter()
-            .filter(|r| r.held_now(now))
-            .map(|r| r.name.as_ref())
-            .collect();
-        shared.begin_drain();
-        shared.request_stop();
-        // The first eight named, as the acquisition line does.
-        let mut named = held.iter().take(8).copied().collect::<Vec<_>>().join(", ");
-        if held.len() > 8 {
-            named.push_str(", ...");
-        }
-        tracing::warn!(
-            instance = %shared.instance().id,
-            count = held.len(),
-            roles = %named,
-            "coordinator dropped without shutdown; releasing its roles"
-        );
-    }
 }
 
 impl std::fmt::Debug for Coordinator {

@@ -97,7 +97,7 @@ pub struct RoleLease {
     pub(super) shared: Arc<LeaseState>,
     pub(super) idx: usize,
     /// Keeps the coordinator's loop running while this handle lives.
-    pub(super) _keep: Arc<super::coordinator::Keepalive>,
+    pub(super) _keep: Arc<Keepalive>,
 }
 
 impl RoleLease {
@@ -188,7 +188,7 @@ pub struct RolePartition {
     pub(super) count: u32,
     pub(super) first: usize,
     /// Keeps the coordinator's loop running while this handle lives.
-    pub(super) keep: Arc<super::coordinator::Keepalive>,
+    pub(super) keep: Arc<Keepalive>,
 }
 
 impl RolePartition {
@@ -408,5 +408,39 @@ impl TermWatch {
     /// [`over`](Self::over), boxed, for bodies that poll it.
     pub(crate) fn over_boxed(&self) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(self.over())
+    }
+}
+
+/// What the user's handles keep alive: dropping the last one without a
+/// shutdown stops the loop, which ends local work and releases the roles.
+pub(super) struct Keepalive(pub(super) Arc<LeaseState>);
+
+impl Drop for Keepalive {
+    fn drop(&mut self) {
+        let shared = &self.0;
+        if shared.is_stopping() {
+            return;
+        }
+        let now = Instant::now();
+        let snap = shared.snapshot();
+        let held: Vec<&str> = snap
+            .roles
+            .iter()
+            .filter(|r| r.held_now(now))
+            .map(|r| r.name.as_ref())
+            .collect();
+        shared.begin_drain();
+        shared.request_stop();
+        // The first eight named, as the acquisition line does.
+        let mut named = held.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+        if held.len() > 8 {
+            named.push_str(", ...");
+        }
+        tracing::warn!(
+            instance = %shared.instance().id,
+            count = held.len(),
+            roles = %named,
+            "coordinator dropped without shutdown; releasing its roles"
+        );
     }
 }
