@@ -169,18 +169,34 @@ pub(crate) async fn check(req: Request<Body>, name: &str) -> Result<Request<Body
     }
     let (parts, body) = req.into_parts();
     let read = http_body_util::Limited::new(body, FORM_LIMIT).collect();
-    let bytes: Bytes = match tokio::time::timeout(FORM_PATIENCE, read).await {
+    let collected = match tokio::time::timeout(FORM_PATIENCE, read).await {
         Err(_) => return Err(FormRefusal::Unreadable("it did not arrive in time")),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             return Err(FormRefusal::Unreadable("it is larger"))
         }
         Ok(Err(_)) => return Err(FormRefusal::Broken),
-        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Ok(collected)) => collected,
     };
+    let trailers = collected.trailers().cloned();
+    let bytes: Bytes = collected.to_bytes();
     if body_names(&form, &bytes, name) {
         return Err(FormRefusal::NamesKey(name.to_string()));
     }
-    Ok(Request::from_parts(parts, Body::from(bytes)))
+    Ok(Request::from_parts(parts, replayed(bytes, trailers)))
+}
+
+/// The body as read, trailers included: the app gets what the client sent.
+fn replayed(bytes: Bytes, trailers: Option<HeaderMap>) -> Body {
+    let Some(trailers) = trailers else {
+        return Body::from(bytes);
+    };
+    let frames = [
+        Ok::<_, std::convert::Infallible>(http_body::Frame::data(bytes)),
+        Ok(http_body::Frame::trailers(trailers)),
+    ];
+    Body::new(http_body_util::StreamBody::new(futures_util::stream::iter(
+        frames,
+    )))
 }
 
 #[cfg(test)]
@@ -264,5 +280,21 @@ mod tests {
         ));
         let plain = Request::post("/x?id=a").body(Body::from("id=2")).unwrap();
         assert!(check(plain, "id").await.is_ok(), "not a form: not read");
+        // Trailers survive the read.
+        let mut t = HeaderMap::new();
+        t.insert("x-checksum", "abc".parse().unwrap());
+        let with = Request::post("/x?id=a")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(replayed(Bytes::from_static(b"a=1"), Some(t.clone())))
+            .unwrap();
+        let got = check(with, "id")
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+        assert_eq!(got.trailers(), Some(&t));
+        assert_eq!(&got.to_bytes()[..], b"a=1");
     }
 }
