@@ -225,6 +225,8 @@ async fn main() -> anyhow::Result<()> {
                     Outcome::Dead => "dead",
                     Outcome::Lost => "lost",
                     Outcome::Released => "released",
+                    // `Outcome` may grow: a later version can add outcomes.
+                    _ => "other",
                 };
                 let ok = f.outcome != Outcome::Lost;
                 log(

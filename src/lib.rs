@@ -3,17 +3,14 @@
 // Output goes through `cli`'s `say!`/`tell!`, which lose a line a closed
 // stdout or stderr cannot take; `println!` would panic instead.
 #![cfg_attr(not(test), deny(clippy::print_stdout, clippy::print_stderr))]
-// Without the binary (feature `gateway`), helpers it shares with the library
-// go partly unused.
-#![cfg_attr(not(feature = "gateway"), allow(dead_code, unused_imports))]
 #![doc = include_str!("../docs/library.md")]
 
 #[cfg(feature = "gateway")]
 mod admin;
 mod body;
 #[cfg(feature = "gateway")]
-pub mod cli;
-pub mod config;
+mod cli;
+mod config;
 
 #[cfg(feature = "gateway")]
 mod events;
@@ -36,6 +33,8 @@ mod value;
 #[cfg(any(feature = "postgres", feature = "sqlite"))]
 pub mod work;
 
+#[cfg(feature = "gateway")]
+pub use cli::main as cli_main;
 pub use config::{Config, ConfigError};
 pub use lease::{
     Coordinator, CoordinatorBuilder, CoordinatorError, HeldLease, LeaseTimings, OneShotLease,
@@ -56,9 +55,11 @@ pub use store::{LeaseStore, StoreConfig, StoreError, StoreKind};
 mod doc_snippets {}
 
 /// The pure rules the fuzz targets in `fuzz/` drive: path readings and
-/// routing, key extraction, header preparation and hop markers. Built only
+/// routing, key extraction, header preparation, hop markers and the
+/// config's route targets. Built only
 /// by `cargo fuzz` (`--cfg fuzzing`), never part of the API.
 #[cfg(fuzzing)]
 pub mod fuzzing {
+    pub use crate::config::RouteTarget;
     pub use crate::proxy::{canonical, forward, headers, hop, routes};
 }

@@ -3,5 +3,5 @@
 //! The `rolegate` binary: everything lives in the library's CLI module.
 
 fn main() -> std::process::ExitCode {
-    rolegate::cli::main()
+    rolegate::cli_main()
 }

@@ -17,6 +17,7 @@ pub const MAX_PARTITION_COUNT: u32 = 65_536;
 
 /// Why a string is not a role name.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum RoleNameError {
     /// The name is the empty string.
     #[error("role name is empty")]

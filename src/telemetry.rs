@@ -16,16 +16,19 @@ pub(crate) const LEASE_OPS: &str = "rolegate_lease_operations_total";
 pub(crate) const STORE_LATENCY: &str = "rolegate_store_round_trip_seconds";
 /// Counter: store failures (errors and timeouts) by `op`.
 pub(crate) const STORE_ERRORS: &str = "rolegate_store_errors_total";
+#[cfg(feature = "gateway")]
 /// Counter: proxied requests by `outcome`: local, forwarded, passthrough,
 /// or the refusal's reason (the `reason` of its problem body: missing-key,
 /// bad-key, holder-unknown, ...).
 pub(crate) const PROXY_REQUESTS: &str = "rolegate_proxy_requests_total";
 /// Histogram: time to the response head, by `target` (holder, upstream).
 pub(crate) const FORWARD_LATENCY: &str = "rolegate_forward_seconds";
+#[cfg(feature = "gateway")]
 /// Gauge: response bodies still streaming.
 pub(crate) const OPEN_STREAMS: &str = "rolegate_open_streams";
 /// Gauge: upgraded (WebSocket) connections open.
 pub(crate) const OPEN_UPGRADES: &str = "rolegate_open_upgrades";
+#[cfg(feature = "gateway")]
 /// Gauge: 1 while this instance contends for roles.
 pub(crate) const CANDIDATE: &str = "rolegate_candidate";
 /// Gauge: 1 while the store answers and a snapshot is loaded.
@@ -54,15 +57,19 @@ pub(crate) const HOLD_SECONDS: &str = "rolegate_hold_seconds";
 /// Counter: how holds ended, by `outcome` (held_then_local,
 /// held_then_forwarded, held_then_refused, hold_timeout, hold_full).
 pub(crate) const HOLD_OUTCOMES: &str = "rolegate_hold_outcomes_total";
+#[cfg(feature = "gateway")]
 /// Counter: times this instance stopped contending because its app failed
 /// `unhealthy_after` health probes in a row.
 pub(crate) const HEALTH_WITHDRAWALS: &str = "rolegate_health_withdrawals_total";
+#[cfg(feature = "gateway")]
 /// Counter: upstream health probes by `outcome` (ok, fail).
 pub(crate) const HEALTH_PROBES: &str = "rolegate_health_probes_total";
 
+#[cfg(feature = "gateway")]
 /// Counter: reloads of the public listener's certificate by `outcome`
 /// (ok, refused: the new pair was bad and the previous one kept).
 pub(crate) const TLS_RELOADS: &str = "rolegate_tls_certificate_reloads_total";
+#[cfg(feature = "gateway")]
 /// Counter: TLS handshakes on the public listener that failed or timed out.
 pub(crate) const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures_total";
 
@@ -71,10 +78,12 @@ pub(crate) const TLS_HANDSHAKE_FAILURES: &str = "rolegate_tls_handshake_failures
 /// secret), `stale` (signed more than 30 s from now).
 pub(crate) const HOPS_REFUSED: &str = "rolegate_hops_refused_total";
 
+#[cfg(feature = "gateway")]
 /// Counter: client connections closed because the process's budget of
 /// unread response bytes (`proxy.max_unread_mib`) was reached and theirs had
 /// waited longest.
 pub(crate) const SLOW_READERS_CLOSED: &str = "rolegate_slow_readers_closed_total";
+#[cfg(feature = "gateway")]
 /// Gauge: response bytes handed to client connections that have not asked
 /// for more.
 pub(crate) const UNREAD_BYTES: &str = "rolegate_unread_response_bytes";
@@ -175,14 +184,18 @@ fn describe() {
 /// handle records with a few atomic operations, where a macro call would
 /// build a key and look it up in the registry each time.
 pub(crate) struct RequestMetrics {
+    #[cfg(feature = "gateway")]
     outcomes: Vec<(&'static str, metrics::Counter)>,
     pub forward_holder: metrics::Histogram,
+    #[cfg(feature = "gateway")]
     pub forward_upstream: metrics::Histogram,
+    #[cfg(feature = "gateway")]
     pub open_streams: metrics::Gauge,
     pub open_upgrades: metrics::Gauge,
 }
 
 /// Every value of the `outcome` label of `rolegate_proxy_requests_total`.
+#[cfg(any(test, feature = "gateway"))]
 pub(crate) const OUTCOMES: [&str; 20] = [
     "local",
     "forwarded",
@@ -211,17 +224,21 @@ static REQUEST_METRICS: std::sync::OnceLock<RequestMetrics> = std::sync::OnceLoc
 /// The per-request handles (bound to the recorder installed at first use).
 pub(crate) fn request_metrics() -> &'static RequestMetrics {
     REQUEST_METRICS.get_or_init(|| RequestMetrics {
+        #[cfg(feature = "gateway")]
         outcomes: OUTCOMES
             .iter()
             .map(|o| (*o, metrics::counter!(PROXY_REQUESTS, "outcome" => *o)))
             .collect(),
         forward_holder: metrics::histogram!(FORWARD_LATENCY, "target" => "holder"),
+        #[cfg(feature = "gateway")]
         forward_upstream: metrics::histogram!(FORWARD_LATENCY, "target" => "upstream"),
+        #[cfg(feature = "gateway")]
         open_streams: metrics::gauge!(OPEN_STREAMS),
         open_upgrades: metrics::gauge!(OPEN_UPGRADES),
     })
 }
 
+#[cfg(feature = "gateway")]
 impl RequestMetrics {
     /// Counts one request with its outcome label.
     pub(crate) fn count(&self, outcome: &str) {
@@ -293,6 +310,7 @@ pub(crate) struct OpenGuard {
 }
 
 impl OpenGuard {
+    #[cfg(feature = "gateway")]
     pub(crate) fn stream() -> Self {
         Self::new(&request_metrics().open_streams)
     }
@@ -314,8 +332,10 @@ impl Drop for OpenGuard {
 }
 
 /// Response bodies counted in `rolegate_open_streams` until they end or are dropped.
+#[cfg(feature = "gateway")]
 pub(crate) struct TrackedBody;
 
+#[cfg(feature = "gateway")]
 impl TrackedBody {
     /// Counts `inner` in `rolegate_open_streams` while it streams, and keeps
     /// `hold` (e.g. the count of local work under a role) alive until it ends.

@@ -461,7 +461,7 @@ pub(super) fn check_http_url(s: &str) -> Result<(), UrlError> {
 
 /// A `${VAR}` that cannot be expanded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EnvError {
+pub(crate) enum EnvError {
     /// `${` without `}`.
     #[error("unterminated `${{` in `{0}`")]
     Unterminated(String),
@@ -474,7 +474,10 @@ pub enum EnvError {
 }
 
 /// Expands `${NAME}`; an unset variable is an error. `$$` stands for `$`.
-pub fn expand_env(input: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, EnvError> {
+pub(crate) fn expand_env(
+    input: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<String, EnvError> {
     let mut out = String::with_capacity(input.len());
     let mut rest = input;
     while let Some(pos) = rest.find('$') {

@@ -4,7 +4,8 @@
 
 
 use libfuzzer_sys::fuzz_target;
-use rolegate::config::{Config, KeySource, RouteTarget};
+use rolegate::fuzzing::RouteTarget;
+use rolegate::{Config, KeySource};
 use rolegate::fuzzing::headers::usable_key_header;
 use rolegate::fuzzing::routes::canonical_prefix;
 

@@ -456,11 +456,10 @@ pub(super) async fn partitions_resize(
     }
     let least = partition.duration;
     let settle = settle.unwrap_or(least).max(least);
-    let definition =
-        crate::lease::definition_text(count, &config.partition_scopes(&partition.name));
+    let scopes = config.partition_scopes(&partition.name);
     let result = async {
         let store = crate::store::connect(&config.store).await?;
-        crate::lease::redefine_partition(&*store, name, &definition, settle).await
+        crate::lease::redefine_partition(&*store, name, count, &scopes, settle).await
     }
     .await;
     match result {

@@ -25,13 +25,11 @@ mod tests;
 mod tests_transport;
 mod transport;
 
-pub use crate::lease::LeaseTimings;
-pub use crate::proxy::{FormBody, HopProtocol, KeySource};
-pub use crate::store::config::STORE_PASSWORD_VAR;
-pub use crate::store::{StoreConfig, StoreKind, DEFAULT_TABLE};
-pub use crate::tls::{PeersConfig, TlsConfig};
-pub use crate::value::{expand_env, EnvError};
-pub use print::CLUSTER_SECRET_VAR;
+pub(crate) use crate::lease::LeaseTimings;
+pub(crate) use crate::proxy::{FormBody, HopProtocol, KeySource};
+pub(crate) use crate::store::{StoreConfig, StoreKind};
+pub(crate) use crate::tls::{PeersConfig, TlsConfig};
+pub(crate) use print::CLUSTER_SECRET_VAR;
 
 use std::sync::Arc;
 

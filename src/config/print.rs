@@ -7,7 +7,7 @@
 use super::{file, Config};
 
 /// The variable `--print` writes in place of `proxy.cluster_secret`.
-pub const CLUSTER_SECRET_VAR: &str = "ROLEGATE_CLUSTER_SECRET";
+pub(crate) const CLUSTER_SECRET_VAR: &str = "ROLEGATE_CLUSTER_SECRET";
 
 impl Config {
     /// The resolved config as YAML in the file's own schema: every default

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::value::expand_env;
 
 fn env(name: &str) -> Option<String> {
     match name {

@@ -21,6 +21,7 @@ use crate::store::{Claim, InstanceInfo, LeaseStore, StoreError};
 
 /// Why a coordinator could not start, or a one-shot lease failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum CoordinatorError {
     /// A role or partition name breaks the naming rule.
     #[error(transparent)]
@@ -53,6 +54,7 @@ pub enum CoordinatorError {
 
 /// Counters of store work, for tests, metrics and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CoordinatorStats {
     /// Heartbeat ticks run.
     pub ticks: u64,
@@ -78,6 +80,7 @@ pub struct CoordinatorStats {
 
 /// Why [`Coordinator::readiness`] says no.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NotReady {
     /// The store has not answered since start.
     #[error("no snapshot from the lease store yet")]
@@ -412,6 +415,7 @@ impl Coordinator {
             .collect()
     }
 
+    #[cfg(feature = "gateway")]
     /// Notes a store failure seen outside the coordinator (the gateway's
     /// first call at start), said in answers until the store is read.
     pub(crate) fn note_store_error(&self, error: &str) {
@@ -550,6 +554,7 @@ impl Coordinator {
         }
     }
 
+    #[cfg(feature = "gateway")]
     /// Waits until no local work runs under any role, or `limit` passes;
     /// true when none runs.
     pub(crate) async fn wait_local_idle(&self, limit: Duration) -> bool {
@@ -557,6 +562,7 @@ impl Coordinator {
         self.shared.wait_idle(&all, limit).await
     }
 
+    #[cfg(feature = "gateway")]
     /// After [`withdraw`](Self::withdraw): waits until this instance holds
     /// no role any more (the loop released them), or `limit` passes.
     pub(crate) async fn wait_released(&self, limit: Duration) {
@@ -581,6 +587,7 @@ impl Coordinator {
         }
     }
 
+    #[cfg(feature = "gateway")]
     /// Ends the local work still running under any held role (streams are
     /// cut, tunnels closed) and waits briefly for it to stop; for a stop
     /// whose drain bound passed, before connections are closed.

@@ -15,6 +15,7 @@ use super::HeldLease;
 
 /// Who holds a role, as this instance last saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HolderInfo {
     /// The holder's instance id.
     pub id: Arc<str>,

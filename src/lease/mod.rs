@@ -25,9 +25,9 @@ pub use coordinator::{
 pub use fingerprint::route_differences;
 pub use handles::TermWatch;
 pub use handles::{HolderInfo, LocalWork, RoleLease, RolePartition};
+pub(crate) use partition::definition_text;
 pub use partition::{
-    definition_text, partition_index, redefine_partition, scoped_key_bytes, PartitionResolution,
-    RedefineError, HASH_VERSION,
+    partition_index, redefine_partition, PartitionResolution, RedefineError, HASH_VERSION,
 };
 pub use snapshot::{DefinitionState, HolderSnapshot, PartitionDefinition, RoleState};
 pub(crate) use state::deadline_after;
@@ -70,6 +70,7 @@ pub struct PartitionSpec {
 /// Proof, at the moment it was taken, that this instance held `role` in the
 /// term numbered `token`. Pass the token to resources that can fence on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeldLease {
     /// The role.
     pub role: std::sync::Arc<str>,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use xxhash_rust::xxh64::xxh64;
 
 /// The bytes hashed for a key, with an optional scope.
-pub fn scoped_key_bytes(scope: Option<&str>, key: &str) -> Vec<u8> {
+pub(crate) fn scoped_key_bytes(scope: Option<&str>, key: &str) -> Vec<u8> {
     match scope {
         None => key.as_bytes().to_vec(),
         Some(scope) => {
@@ -36,7 +36,7 @@ pub const HASH_VERSION: &str = "xxh64-v1";
 /// A partition's definition as the store records it and instances compare
 /// it: `count=16 hash=xxh64-v1 scopes=[null,"Order"]`. `scopes` are the
 /// scopes its routes hash with (`None`: unscoped), sorted, each once.
-pub fn definition_text(count: u32, scopes: &[Option<String>]) -> String {
+pub(crate) fn definition_text(count: u32, scopes: &[Option<String>]) -> String {
     let mut scopes: Vec<&Option<String>> = scopes.iter().collect();
     scopes.sort();
     scopes.dedup();
@@ -46,6 +46,7 @@ pub fn definition_text(count: u32, scopes: &[Option<String>]) -> String {
 
 /// Why a partition could not be redefined.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RedefineError {
     /// The store failed.
     #[error(transparent)]
@@ -55,7 +56,8 @@ pub enum RedefineError {
     Conflict(String),
 }
 
-/// Records a new definition of partition `name` in the store (an explicit
+/// Records a new definition of partition `name` (`count` roles, keys
+/// hashed with `scopes`; `None` is unscoped) in the store (an explicit
 /// migration, `rolegate partitions resize`): the epoch goes up by one, and
 /// no instance serves the partition for `settle`, which must be at least
 /// the longest lease duration of its roles anywhere in the fleet, so every
@@ -70,9 +72,11 @@ pub enum RedefineError {
 pub async fn redefine_partition(
     store: &dyn crate::store::LeaseStore,
     name: &str,
-    definition: &str,
+    count: u32,
+    scopes: &[Option<String>],
     settle: std::time::Duration,
 ) -> Result<(crate::store::PartitionRecord, bool), RedefineError> {
+    let definition = &*definition_text(count, scopes);
     let current = store.partitions().await?;
     let current = current.into_iter().find(|r| r.name == name);
     if let Some(record) = current.as_ref().filter(|r| r.definition == definition) {
@@ -90,6 +94,7 @@ pub async fn redefine_partition(
 
 /// Where a key lives right now, read from the local snapshot without I/O.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionResolution {
     /// The partition role the key maps to.
     pub role: Arc<str>,

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 /// What this process knows of one role.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct RoleState {
     /// The role.
     pub name: Arc<str>,
@@ -45,6 +46,7 @@ impl RoleState {
 
 /// Where a partition stands against the definition the store records.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum DefinitionState {
     /// Not read from the store yet: its roles are not claimed.
     Unread,
@@ -74,6 +76,7 @@ pub enum DefinitionState {
 
 /// One partition's definition here, and how it stands in the store.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PartitionDefinition {
     /// The partition.
     pub name: Arc<str>,
@@ -85,6 +88,7 @@ pub struct PartitionDefinition {
 
 /// All roles, in registration order; published as one `Arc`.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct HolderSnapshot {
     /// Every role, in registration order.
     pub roles: Vec<RoleState>,

@@ -22,6 +22,7 @@ use crate::store::{InstanceInfo, LeaseStore};
 /// `Began` is emitted just before readers can see the term, `Ended` just after
 /// they can no longer; `at` is on the monotonic clock.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseEvent {
     /// A term is about to become visible to readers: a new one, or one this
     /// instance failed closed on and resumed with the same token because

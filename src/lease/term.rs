@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Why a term ended, as counted in `rolegate_streams_ended_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TermEndReason {
     /// A graceful handover (partition balance) reached its drain bound.
     Handover,
@@ -129,6 +130,7 @@ impl Terms {
         }
     }
 
+    #[cfg(feature = "gateway")]
     /// Ends the work of role `i`'s current term, whatever its token.
     pub(super) fn end_current(&self, i: usize, reason: TermEndReason) {
         let mut slot = self.slot(i);

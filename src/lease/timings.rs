@@ -34,6 +34,7 @@ impl Default for LeaseTimings {
 
 /// Timings that break the rule `duration > renew_interval + safety_margin`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TimingsError {
     /// `renew_interval` is zero.
     #[error("renew_interval must be greater than 0")]

@@ -13,10 +13,13 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
+#[cfg(feature = "gateway")]
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+#[cfg(feature = "gateway")]
 use tokio::time::Sleep;
 
 use axum::body::Body;
@@ -27,6 +30,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
 use super::h2pool::H2Failure;
+#[cfg(feature = "gateway")]
 use super::turns::Turns;
 
 /// Idle pooled connections are closed after this, below the 5 s keep-alive
@@ -47,6 +51,7 @@ pub(crate) enum Side {
 /// Request extension set by the listener: the upstream connections its
 /// client connection owns. Requests without it use the pool.
 #[derive(Clone)]
+#[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway's connections build one
 pub(crate) struct Affinity {
     owner: Arc<Owner>,
     /// Kept connections the worker may hold open at once; with none left,
@@ -129,6 +134,7 @@ impl Drop for Lease<'_> {
 }
 
 impl Affinity {
+    #[cfg(feature = "gateway")]
     /// A client connection's slots, drawing kept connections from `kept`
     /// (one per worker), and the future its task must poll, beside the
     /// connection itself, to drive them.
@@ -293,6 +299,7 @@ impl Owner {
         true
     }
 
+    #[cfg(feature = "gateway")]
     /// Polls every kept connection; true while any is open.
     fn poll_drivers(&self, cx: &mut Context<'_>) -> bool {
         let mut drivers = self.drivers();
@@ -309,6 +316,7 @@ impl Owner {
         !drivers.running.is_empty()
     }
 
+    #[cfg(feature = "gateway")]
     /// Empties each slot whose connection has been ready and idle for
     /// [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
     /// Returns when to look again: when the next would have been idle that
@@ -331,6 +339,7 @@ impl Owner {
     }
 }
 
+#[cfg(feature = "gateway")]
 /// Drives a client connection's kept upstream connections in the client
 /// connection's own task, which polls them with the connection
 /// ([`Drive::around`]), and drops one idle for [`POOL_IDLE_TIMEOUT`].
@@ -345,6 +354,7 @@ pub(crate) struct Drive {
     turns: Turns,
 }
 
+#[cfg(feature = "gateway")]
 /// Polls every kept connection, and drops those idle too long.
 fn poll_kept(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) {
     loop {
@@ -363,6 +373,7 @@ fn poll_kept(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut C
     }
 }
 
+#[cfg(feature = "gateway")]
 impl Drive {
     /// `conn` (the client connection) and the kept connections polled in
     /// turns ([`Turns`]): each only when its waker fired, and again within
@@ -375,12 +386,14 @@ impl Drive {
     }
 }
 
+#[cfg(feature = "gateway")]
 /// See [`Drive::around`].
 pub(crate) struct Around<'a, F> {
     drive: &'a mut Drive,
     conn: Pin<&'a mut F>,
 }
 
+#[cfg(feature = "gateway")]
 impl<F: Future> Future for Around<'_, F> {
     type Output = F::Output;
 
@@ -400,6 +413,7 @@ impl<F: Future> Future for Around<'_, F> {
     }
 }
 
+#[cfg(feature = "gateway")]
 impl Drop for Drive {
     fn drop(&mut self) {
         let running = {

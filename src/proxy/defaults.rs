@@ -23,6 +23,7 @@ pub(crate) const HTTP2_MAX_CONCURRENT_STREAMS: u32 = 100;
 /// `proxy.hold_timeout`: how long a role request with no servable holder waits for one.
 pub(crate) const HOLD_TIMEOUT: Duration = Duration::from_secs(1);
 
+#[cfg(feature = "gateway")]
 /// Bytes of a response the HTTP/2 server buffers per stream before it stops
 /// reading the response from upstream, whatever window the client grants:
 /// a client that never reads holds at most this per stream (hyper's default,

@@ -32,6 +32,7 @@ const PROBE_BODY_LIMIT: usize = 64 * 1024;
 
 /// Why a forwarded request got no response, with the underlying cause.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ForwardError {
     /// No connection could be made (refused, unreachable, connect timeout).
     #[error("cannot connect to {target}: {}", error_chain(source.as_ref()))]
@@ -625,6 +626,7 @@ pub fn sanitize_headers(headers: &mut http::HeaderMap, trusted: bool, upgrades: 
     strip_hop_by_hop(headers, upgrade);
 }
 
+#[cfg(feature = "gateway")]
 /// Who a request is being prepared for, and what the gateway knows of it.
 #[derive(Debug, Clone, Copy)]
 pub struct HopContext<'a> {
@@ -646,6 +648,7 @@ pub struct HopContext<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct ArrivedOverTls;
 
+#[cfg(feature = "gateway")]
 /// Prepares a request's headers for the next hop: client-sent rolegate
 /// fields and look-alikes removed, forwarding fields replaced unless trusted,
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.

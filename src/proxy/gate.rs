@@ -8,7 +8,9 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderMap, Request, Response, Uri};
 
-use super::forward::{add_forwarding_fields, ForwardError, Forwarder, HopContext, HopProtocol};
+#[cfg(feature = "gateway")]
+use super::forward::HopContext;
+use super::forward::{add_forwarding_fields, ForwardError, Forwarder, HopProtocol};
 use super::headers::{HOP, REFUSED};
 use super::hold::{HeldSlot, Holds};
 use super::hop::{HopRefusal, HopSigner};
@@ -231,6 +233,7 @@ pub(crate) enum Settled {
 /// Where a failed forward was going.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum NextHop<'a> {
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway builds it
     /// The app behind this gateway.
     App {
         /// The app's base URL (logged redacted).
@@ -304,6 +307,7 @@ pub(crate) fn failure_problem(e: &ForwardError, hop: NextHop<'_>) -> Problem {
     Problem::new(reason, detail)
 }
 
+#[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway builds it
 /// How a request ended, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -362,6 +366,7 @@ impl GateSettings {
             || is_trusted(&self.trusted_proxies, client.map(|c| c.ip()))
     }
 
+    #[cfg(feature = "gateway")]
     /// Header preparation for the next hop.
     pub(crate) fn hop_context<'a>(
         &'a self,

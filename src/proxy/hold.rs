@@ -104,6 +104,7 @@ impl Holds {
         })
     }
 
+    #[cfg(feature = "gateway")]
     /// The requests held now, per role (roles with none left out).
     pub(crate) fn held_by_role(&self) -> HashMap<Arc<str>, usize> {
         self.roles()

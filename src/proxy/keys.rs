@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderName, Uri};
 
 /// Where a partition route finds its key (the config's `key:` field).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeySource {
     /// A request header, by lowercase name.
     Header(String),
@@ -45,6 +46,7 @@ type KeyFn = Arc<dyn Fn(&Uri, &HeaderMap) -> Option<String> + Send + Sync>;
 
 /// Finds a request's partition key. An absent or empty key is `None` (400).
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum KeyExtractor {
     /// A request header.
     Header(HeaderName),

@@ -26,6 +26,7 @@ use crate::lease::Coordinator;
 
 /// Why a layer could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum LayerError {
     /// The role is not registered with the coordinator (a typo, or a
     /// registration missing from the builder).
@@ -78,6 +79,7 @@ fn plain_roles(coordinator: &Coordinator) -> Vec<String> {
 
 /// Options shared by both layers.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct LayerOptions {
     /// The HTTP client used to forward to holders.
     pub forwarder: Forwarder,

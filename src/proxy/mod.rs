@@ -27,12 +27,17 @@ pub(crate) mod stack;
 pub(crate) mod term_body;
 pub(crate) mod trust;
 pub(crate) mod tunnel;
+#[cfg(feature = "gateway")]
 pub(crate) mod turns;
 
+#[cfg(feature = "gateway")]
 pub(crate) use affine::Affinity;
-pub use forward::{ForwardError, Forwarder, HopProtocol};
+pub(crate) use forward::HopProtocol;
+pub use forward::{ForwardError, Forwarder};
+#[cfg(feature = "gateway")]
 pub(crate) use gate::{failure_problem, NextHop};
-pub use keys::{FormBody, KeyExtractor, KeySource};
+pub(crate) use keys::FormBody;
+pub use keys::{KeyExtractor, KeySource};
 pub use layer::{HolderService, LayerError, LayerOptions, PartitionHolderLayer, RoleHolderLayer};
 pub use problem::{Problem, Reason};
 pub use trust::Cidr;

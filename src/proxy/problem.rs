@@ -11,6 +11,7 @@ use http::{header, HeaderValue, Response, StatusCode};
 
 /// Why a request was not served.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Reason {
     /// Partition route without its key.
     MissingKey,
@@ -228,6 +229,7 @@ impl Problem {
 }
 
 /// The one-line text of a problem answer, kept for [`grpc_answer`].
+#[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway reads it
 #[derive(Debug, Clone)]
 struct ProblemText(String);
 
@@ -244,6 +246,7 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
         })
 }
 
+#[cfg(feature = "gateway")]
 /// A problem answer recast for a gRPC client: HTTP 200 with no body and the
 /// status in `grpc-status`/`grpc-message` (a "trailers-only" response), so
 /// the client sees e.g. `UNAVAILABLE` at once rather than a protocol error.
@@ -278,6 +281,7 @@ pub(crate) fn grpc_answer(resp: Response<Body>) -> Response<Body> {
     Response::from_parts(parts, Body::empty())
 }
 
+#[cfg(feature = "gateway")]
 /// gRPC's percent-encoding of `grpc-message`: every byte outside
 /// printable ASCII, and `%`, as `%XX`.
 fn grpc_percent_encode(s: &str) -> String {

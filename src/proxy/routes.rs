@@ -119,6 +119,7 @@ impl<T> RouteTable<T> {
         }
     }
 
+    #[cfg(feature = "gateway")]
     /// Adds a target reachable under each of `prefixes` (canonicalized here;
     /// a prefix that cannot be is skipped: the config loader refuses those).
     pub fn add(&mut self, prefixes: &[String], target: T) {

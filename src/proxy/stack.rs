@@ -39,6 +39,7 @@ use crate::lease::{HeldLease, LocalWork, TermWatch};
 pub(crate) struct Term {
     pub(crate) lease: HeldLease,
     pub(crate) watch: TermWatch,
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway's tunnel takes it
     /// For the gateway's upgrade tunnel only: a layer's app never gets it
     /// (it could keep the work alive past its term by holding it).
     pub(crate) tunnel: TunnelWork,
@@ -75,6 +76,7 @@ pub(crate) trait Local: Clone + Send + 'static {
 /// What gates requests: the gateway's route table, or one layer's target
 /// and prefixes.
 pub(crate) enum Routes {
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway builds it
     /// The gateway's `routes`: the longest matching prefix picks the target.
     Table(RouteTable<Arc<GateTarget>>),
     /// A layer: every request under one of `prefixes` (all of them when
@@ -170,6 +172,7 @@ where
 /// fields (`Forwarded`, `X-Forwarded-*`) are judged.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Edge {
+    #[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway builds it
     /// The gateway, which faces clients: forwarding fields are kept only
     /// from a trusted proxy or a verified hop.
     Gateway,
@@ -322,6 +325,7 @@ fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
     .role(Some(role))
 }
 
+#[cfg_attr(not(feature = "gateway"), allow(dead_code))] // only the gateway reads `tls` and `verified_peer`
 /// What the gateway knows of a connection, from the socket and the TLS
 /// session only (never from a header).
 #[derive(Debug, Clone, Copy)]
@@ -335,6 +339,7 @@ pub(crate) struct ConnectionFacts {
 }
 
 impl ConnectionFacts {
+    #[cfg(feature = "gateway")]
     /// A connection without TLS: no certificate, so never a verified peer.
     pub(crate) fn plain(client: SocketAddr) -> Self {
         Self {

@@ -18,6 +18,7 @@ impl std::fmt::Display for Cidr {
 
 /// Text that is not an address or CIDR block.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum CidrError {
     /// Not an IP address.
     #[error("`{0}` is not an IP address or CIDR block")]

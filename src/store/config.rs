@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Default table name of the SQL stores (and key namespace of Redis and etcd).
-pub const DEFAULT_TABLE: &str = "rolegate_role_leases";
+pub(crate) const DEFAULT_TABLE: &str = "rolegate_role_leases";
 
 /// The store backends rolegate knows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +60,7 @@ impl StoreKind {
 }
 
 /// The variable `check-config --print` writes in place of `store.password`.
-pub const STORE_PASSWORD_VAR: &str = "ROLEGATE_STORE_PASSWORD";
+pub(crate) const STORE_PASSWORD_VAR: &str = "ROLEGATE_STORE_PASSWORD";
 
 /// The store when a config file names none, or names `sqlite` without a URL.
 pub(crate) const DEFAULT_SQLITE_URL: &str = "sqlite://rolegate.db";
@@ -276,7 +276,7 @@ pub struct BadTableName(pub String);
 
 /// Checks a table name or key namespace. It is pasted into SQL and keys, so
 /// every store constructor checks it, whoever built the name.
-pub fn check_table_name(table: &str) -> Result<(), BadTableName> {
+pub(crate) fn check_table_name(table: &str) -> Result<(), BadTableName> {
     let ok = !table.is_empty()
         && table.len() <= 63
         && table

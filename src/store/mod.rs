@@ -43,11 +43,17 @@ pub use redis::RedisStore;
 pub use sqlite::SqliteStore;
 
 pub use crate::role::RoleName;
-pub use config::{check_table_name, BadTableName, StoreConfig, StoreKind, DEFAULT_TABLE};
+#[cfg(any(
+    feature = "sqlite",
+    feature = "postgres",
+    feature = "redis",
+    feature = "etcd"
+))]
+pub(crate) use config::check_table_name;
+pub use config::{BadTableName, StoreConfig, StoreKind};
 pub use error::{BoxError, StoreError};
-pub use tls::{
-    check_tls_files, check_tls_rules, ClientCertFiles, StoreTls, TlsFileError, TlsRuleError,
-};
+pub(crate) use tls::{check_tls_files, check_tls_rules};
+pub use tls::{ClientCertFiles, StoreTls, TlsFileError, TlsRuleError};
 
 /// Who is asking: the instance id and the address others forward to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -501,14 +507,15 @@ pub fn check_files(config: &StoreConfig) -> Result<(), StoreError> {
 
 /// Milliseconds, rounded up (a store term is never shorter than asked),
 /// saturating, for SQL parameters.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
 /// The value of a presence record in the key-value stores (Redis, etcd):
 /// `{0|1} {address}`, then a newline and the route-table fingerprint when
-/// there is one.
-#[cfg(any(feature = "redis", feature = "etcd"))]
+/// there is one. (Redis's presence script writes the same in Lua.)
+#[cfg(feature = "etcd")]
 pub(crate) fn member_value(candidate: bool, address: &str, routes: &str) -> String {
     let mut value = format!("{} {address}", u8::from(candidate));
     if !routes.is_empty() {

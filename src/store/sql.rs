@@ -175,7 +175,9 @@ impl From<PartitionRow> for PartitionRecord {
 /// The SQL dialects, for telling a missing table from other failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Dialect {
+    #[cfg(feature = "postgres")]
     Postgres,
+    #[cfg(feature = "sqlite")]
     Sqlite,
 }
 
@@ -193,7 +195,9 @@ impl Target {
     /// `PostgreSQL` or `SQLite`.
     pub(super) fn system(&self) -> &'static str {
         match self.dialect {
+            #[cfg(feature = "postgres")]
             Dialect::Postgres => "PostgreSQL",
+            #[cfg(feature = "sqlite")]
             Dialect::Sqlite => "SQLite",
         }
     }
@@ -236,8 +240,10 @@ impl Target {
     fn missing_table(&self, db: &dyn sqlx::error::DatabaseError) -> bool {
         match self.dialect {
             // undefined_table
+            #[cfg(feature = "postgres")]
             Dialect::Postgres => db.code().as_deref() == Some("42P01"),
             // SQLite has no code of its own for it.
+            #[cfg(feature = "sqlite")]
             Dialect::Sqlite => db.message().contains("no such table"),
         }
     }

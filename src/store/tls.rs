@@ -222,7 +222,7 @@ fn key_rejected(files: &ClientCertFiles, source: rustls::Error) -> StoreError {
 
 /// Checks that `tls` fits the store `kind` and its `url`, and that the
 /// URL's own TLS settings are ones rolegate offers. Pure: no file is read.
-pub fn check_tls_rules(
+pub(crate) fn check_tls_rules(
     kind: StoreKind,
     url: &str,
     tls: Option<&StoreTls>,
@@ -328,6 +328,7 @@ impl PgTlsParams {
         Ok(p)
     }
 
+    #[cfg(feature = "postgres")]
     /// libpq: with a root certificate, `require` verifies as `verify-ca`.
     pub(crate) fn require_means_verify_ca(&self) -> bool {
         self.sslrootcert.is_some()
@@ -371,7 +372,7 @@ fn is_inline(v: &str) -> bool {
 
 /// Reads and checks every TLS file the store config names, without
 /// connecting (for `check-config`; opening the store does the same).
-pub fn check_tls_files(config: &super::StoreConfig) -> Result<(), StoreError> {
+pub(crate) fn check_tls_files(config: &super::StoreConfig) -> Result<(), StoreError> {
     check_tls_rules(config.kind, &config.url, config.tls.as_ref())
         .map_err(|e| StoreError::config(e.field(), e))?;
     if config.kind == StoreKind::Postgres {

@@ -31,6 +31,7 @@ use crate::lease::RolePartition;
 
 /// What went wrong with a work table or a statement.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WorkError {
     /// An identifier (table, column) the app passed is not a plain SQL name.
     #[error(
@@ -60,7 +61,7 @@ pub enum WorkError {
 }
 
 /// Whether `s` is a plain SQL identifier, optionally schema-qualified.
-pub fn valid_identifier(s: &str) -> bool {
+pub(crate) fn valid_identifier(s: &str) -> bool {
     let part = |p: &str| {
         let mut b = p.bytes();
         matches!(b.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
@@ -228,6 +229,7 @@ impl WorkTable {
 /// A row this worker holds: its id, the lock id stamped by the claim, and
 /// the app's own row as the database returned it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Claimed<R> {
     /// The row's id.
     pub id: i64,

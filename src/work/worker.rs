@@ -159,6 +159,7 @@ type Running = Mutex<HashMap<i64, (Arc<str>, CancellationToken, Option<u32>)>>;
 
 /// What became of a claimed row (see [`Worker::on_finalize`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Completed.
     Completed,
@@ -176,6 +177,7 @@ pub enum Outcome {
 
 /// One row's end, as [`Worker::on_finalize`] reports it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Finalized {
     /// The row's id.
     pub id: i64,
@@ -198,6 +200,7 @@ impl std::fmt::Debug for Hook {
 
 /// What one [`Worker::run`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WorkerReport {
     /// Rows claimed.
     pub claimed: u64,
