@@ -2,12 +2,11 @@
 //! an accepted config keeps its invariants.
 #![no_main]
 
-
 use libfuzzer_sys::fuzz_target;
-use rolegate::fuzzing::RouteTarget;
-use rolegate::{Config, KeySource};
 use rolegate::fuzzing::headers::usable_key_header;
 use rolegate::fuzzing::routes::canonical_prefix;
+use rolegate::fuzzing::RouteTarget;
+use rolegate::{Config, KeySource};
 
 fn check_known() -> bool {
     // The findings this once skipped are fixed in src/: always checked.
@@ -63,9 +62,15 @@ fuzz_target!(|data: &[u8]| {
             // them once (RouteTable::add), so each must canonicalize, and no
             // two may be equal once canonicalized (none is dropped or shared).
             let canon = canonical_prefix(p, fold);
-            assert!(canon.is_ok(), "stored prefix {p:?} does not canonicalize: {canon:?}");
+            assert!(
+                canon.is_ok(),
+                "stored prefix {p:?} does not canonicalize: {canon:?}"
+            );
             if check_known() {
-                assert!(seen.insert(canon.unwrap()), "prefix {p:?} claimed twice once canonicalized");
+                assert!(
+                    seen.insert(canon.unwrap()),
+                    "prefix {p:?} claimed twice once canonicalized"
+                );
             }
         }
         match &r.target().expect("every read route has a target") {
@@ -83,6 +88,7 @@ fuzz_target!(|data: &[u8]| {
                     KeySource::Query(q) => assert!(!q.is_empty()),
                     KeySource::PathSegment(n) => assert!((1..=1024).contains(n)),
                     KeySource::PathSegmentLast => {}
+                    other => panic!("a key source this target does not check yet: {other:?}"),
                 }
             }
         }

@@ -8,10 +8,10 @@ use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-#[cfg(feature = "gateway")]
+#[cfg(any(feature = "gateway", fuzzing))]
 /// Set on requests run locally: the role held.
 pub const ROLE: HeaderName = HeaderName::from_static("x-rolegate-role");
-#[cfg(feature = "gateway")]
+#[cfg(any(feature = "gateway", fuzzing))]
 /// Set on requests run locally: the term's fencing token.
 pub const TOKEN: HeaderName = HeaderName::from_static("x-rolegate-token");
 /// The hop marker between gateways.
@@ -44,7 +44,7 @@ pub fn rolegate_hops(headers: &HeaderMap) -> usize {
         .count()
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(feature = "gateway", fuzzing))]
 /// Whether a request carries any sign of a gateway hop: the hop marker (in
 /// any spelling a CGI server would merge with it) or a `Via: 1.1 rolegate
 /// (<id>)` entry, which only a gateway forwarding to a peer writes.
