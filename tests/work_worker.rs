@@ -819,3 +819,139 @@ async fn a_dropped_run_future_leaves_no_listen_connection_and_no_task() {
     })
     .await;
 }
+
+/// A claim answered after its lease ran out (here it waited on a table
+/// lock; to the worker a process paused while its claim was in flight is
+/// the same) never starts its handler: the row is given back unrun, then
+/// claimed again and run once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_answered_after_its_lease_is_given_back_unrun() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_late", 1).await;
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let runs = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let lease = Duration::from_secs(1);
+    let worker = Worker::new(db.queue(&table)).lease(lease).on_finalize({
+        let outcomes = outcomes.clone();
+        move |f: &Finalized| outcomes.lock().unwrap().push(f.outcome)
+    });
+    let (stop, task) = spawn(worker, {
+        let runs = runs.clone();
+        move |_job: Job| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Ok(())
+            }
+        }
+    });
+    // The worker's claim waits on the lock ...
+    let waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%SKIP LOCKED%' AND query LIKE '%' || $1 || '%'";
+    support::wait_for_async(
+        "the claim waits on the lock",
+        Duration::from_secs(30),
+        || async {
+            let n: i64 = sqlx::query_scalar(waiting)
+                .bind(&table)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            n > 0
+        },
+    )
+    .await;
+    // ... until well past its lease: its answer comes too late to run on.
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    blocker.commit().await.unwrap();
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "the row done", &done, 1).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    let outcomes = outcomes.lock().unwrap().clone();
+    assert_eq!(
+        outcomes,
+        vec![Outcome::Released, Outcome::Completed],
+        "given back unrun first, then run once: {report:?}"
+    );
+    assert_eq!(runs.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!((report.released, report.completed), (1, 1), "{report:?}");
+}
+
+/// A worker that listens on an app pool of one connection still claims and
+/// finishes rows: its LISTEN connection is its own, not the pool's one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_worker_on_a_pool_of_one_still_claims() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect(&support::postgres_url())
+        .await
+        .unwrap();
+    let db = Db::Pg(pool.clone());
+    let table = db.outbox("wk_one", 0).await;
+    let channel = format!("{table}_wake");
+    let worker = Worker::new(db.queue(&table))
+        .idle_poll(Duration::from_millis(50), Duration::from_millis(200))
+        .listen(&channel);
+    let (stop, task) = spawn(worker, |_job: Job| async { Ok(()) });
+    let listening =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %' || $1 || '%'";
+    support::wait_for_async("the worker listens", Duration::from_secs(30), || async {
+        let n: i64 = sqlx::query_scalar(listening)
+            .bind(&channel)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        n > 0
+    })
+    .await;
+    for i in 0..5 {
+        db.exec(&format!("INSERT INTO {table} (payload) VALUES ('row {i}')"))
+            .await;
+    }
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "every row done while the worker listens", &done, 5).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.completed, 5, "{report:?}");
+}
+
+/// Rows a listening worker gives back at its stop are announced on its
+/// channel, so the other workers take them at once rather than at their
+/// next idle poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_given_back_wake_the_listening_workers() {
+    let db = Db::pg().await;
+    let table = db.outbox("wk_back", 2).await;
+    let channel = format!("{table}_wake");
+    let Db::Pg(pool) = &db else { unreachable!() };
+    let mut heard = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    heard.listen(&channel).await.unwrap();
+    let worker = Worker::new(db.queue(&table))
+        .lease(Duration::from_secs(60))
+        .grace(Duration::from_millis(100))
+        .listen(&channel);
+    let (stop, task) = spawn(worker, |_job: Job| async {
+        std::future::pending::<()>().await;
+        Ok(())
+    });
+    let locked = format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL");
+    wait_rows(&db, "both rows running", &locked, 2).await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.released, 2, "{report:?}");
+    let note = tokio::time::timeout(Duration::from_secs(30), heard.recv()).await;
+    assert!(
+        matches!(&note, Ok(Ok(n)) if n.channel() == channel),
+        "the give-back was announced on {channel}: {note:?}"
+    );
+}

@@ -846,6 +846,24 @@ impl WorkQueue {
         self.finalize(&self.sql.release, id, lock_id, None).await
     }
 
+    /// Sends an empty notification on `channel` (PostgreSQL's `pg_notify`),
+    /// waking the workers that listen on it; nothing on SQLite, which has no
+    /// notifications.
+    pub(crate) async fn notify(&self, channel: &str) -> Result<(), WorkError> {
+        match &self.pool {
+            #[cfg(feature = "postgres")]
+            WorkPool::Postgres(pool) => {
+                sqlx::query("SELECT pg_notify($1, '')")
+                    .bind(channel)
+                    .execute(pool)
+                    .await?;
+                Ok(())
+            }
+            #[cfg(feature = "sqlite")]
+            WorkPool::Sqlite(_) => Ok(()),
+        }
+    }
+
     /// Extends the lock to `lease` from now (store clock), for long work.
     pub async fn renew(&self, id: i64, lock_id: &str, lease: Duration) -> Result<bool, WorkError> {
         let ms = (lease_secs(lease)? * 1000.0) as i64;

@@ -24,6 +24,7 @@ const FAILED: &str = "rolegate_work_failed_total";
 const DEAD: &str = "rolegate_work_dead_total";
 const RENEW_FAILURES: &str = "rolegate_work_renew_failures_total";
 const LOST: &str = "rolegate_work_leases_lost_total";
+const EXPIRED_UNRUN: &str = "rolegate_work_expired_unrun_total";
 const CLAIM_SECONDS: &str = "rolegate_work_claim_seconds";
 const DEPTH: &str = "rolegate_work_queue_depth";
 const OLDEST: &str = "rolegate_work_oldest_eligible_seconds";
@@ -526,10 +527,21 @@ impl Worker {
         });
         // Past one lease the rows are claimable anyway: the stop waits no
         // longer for a database that does not answer.
+        let released_before = tally
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .released;
         let all = futures_util::future::join_all(give_back);
         if tokio::time::timeout(this.lease, all).await.is_err() {
             tracing::warn!(queue = %label, "giving rows back at stop timed out; they are claimable again when their leases end");
         }
+        let released = tally
+            .report
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .released;
+        this.wake_others(released - released_before).await;
         background.cancel();
         let report = tally
             .report
@@ -553,11 +565,36 @@ impl Worker {
         F: Future<Output = Result<(), JobError>>,
     {
         let (id, attempt, cancel) = (job.id, job.attempt, job.cancel.clone());
+        let label = self.queue.table().table.clone();
+        if Instant::now() >= claimed_at + self.lease {
+            // The claim's lease ran out before its handler could start (the
+            // process was paused, or the claim's answer came late): another
+            // worker may be running the row already. Never start it; give
+            // it back, which fails harmlessly if another run took it.
+            tracing::warn!(queue = %label, id, "a claimed work row's lease ran out before its handler started; giving it back unrun");
+            metrics::counter!(EXPIRED_UNRUN, "queue" => label.clone()).increment(1);
+            let outcome = match self.queue.release(id, &lock).await {
+                Ok(true) => {
+                    tally.add(|r| r.released += 1);
+                    self.wake_others(1).await;
+                    Outcome::Released
+                }
+                Ok(false) => {
+                    tally.add(|r| r.lost += 1);
+                    Outcome::Lost
+                }
+                Err(e) => {
+                    tracing::warn!(queue = %label, id, error = %e, "giving back a work row whose lease ran out failed; it is claimable already");
+                    return;
+                }
+            };
+            self.report(id, &lock, attempt, outcome);
+            return;
+        }
         running
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(id, (lock.clone(), cancel.clone(), attempt));
-        let label = self.queue.table().table.clone();
         let lost = CancellationToken::new();
         let renewal = self.renew(id, lock.clone(), claimed_at, cancel.clone(), lost.clone());
         let outcome = tokio::select! {
@@ -599,7 +636,11 @@ impl Worker {
                         let r = if q.statements().fail_after.is_some() {
                             q.fail_after(id, &lock, delay).await
                         } else {
-                            q.release(id, &lock).await
+                            let r = q.release(id, &lock).await;
+                            if matches!(r, Ok(true)) {
+                                self.wake_others(1).await;
+                            }
+                            r
                         };
                         (r, "fail")
                     }
@@ -634,6 +675,23 @@ impl Worker {
             Err(e) => {
                 tracing::error!(queue = %label, id, op = what, error = %e, "finalizing a work row failed; it runs again once its lease ends")
             }
+        }
+    }
+
+    /// Tells the workers listening on this worker's channel that `given_back`
+    /// rows are claimable again at once; without it they would find them
+    /// only at their next idle poll. Nothing to do without a channel, or on
+    /// SQLite.
+    async fn wake_others(&self, given_back: u64) {
+        let Some(channel) = &self.listen else {
+            return;
+        };
+        if given_back == 0 {
+            return;
+        }
+        if let Err(e) = self.queue.notify(channel).await {
+            let label = &self.queue.table().table;
+            tracing::debug!(queue = %label, %channel, error = %e, "notifying the other workers of rows given back failed; they find them at their next poll");
         }
     }
 
@@ -739,18 +797,30 @@ fn jobs(rows: ClaimedRows, attempts: Option<&str>) -> Vec<(Job, Arc<str>)> {
 async fn listen(_: WorkPool, _: String, _: Arc<Notify>, _: CancellationToken) {}
 
 /// Wakes the worker on every notification on `channel`; reconnects after
-/// a failure; ends with `stop`.
+/// a failure; ends with `stop`. The LISTEN connection is the worker's own,
+/// opened with the app pool's options but outside that pool, so it never
+/// takes a connection the claims need (a pool of one would otherwise claim
+/// nothing while the worker listens).
 #[cfg(feature = "postgres")]
 async fn listen(pool: WorkPool, channel: String, wake: Arc<Notify>, stop: CancellationToken) {
-    let pool = match pool {
-        WorkPool::Postgres(pool) => pool,
+    let options = match pool {
+        WorkPool::Postgres(pool) => (*pool.connect_options()).clone(),
         #[allow(unreachable_patterns)]
         _ => return,
     };
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_lazy_with(options);
+    listen_on(&own, &channel, &wake, &stop).await;
+    own.close().await;
+}
+
+#[cfg(feature = "postgres")]
+async fn listen_on(pool: &sqlx::PgPool, channel: &str, wake: &Notify, stop: &CancellationToken) {
     while !stop.is_cancelled() {
         let connected = async {
-            let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
-            l.listen(&channel).await?;
+            let mut l = sqlx::postgres::PgListener::connect_with(pool).await?;
+            l.listen(channel).await?;
             Ok::<_, sqlx::Error>(l)
         };
         let mut listener = tokio::select! {
