@@ -106,6 +106,11 @@ impl Db {
     }
 
     fn queue(&self, table: &str) -> WorkQueue {
+        self.queue_with(table, |t| t)
+    }
+
+    /// The queue of `queue`, its table shaped further by `shape`.
+    fn queue_with(&self, table: &str, shape: impl FnOnce(WorkTable) -> WorkTable) -> WorkQueue {
         let t = WorkTable::new(table)
             .unwrap()
             .eligible(&format!("status = 'pending' AND run_at <= {}", self.now()))
@@ -119,6 +124,7 @@ impl Db {
             .on_dead("status = 'dead'")
             .partition_column("partition_no")
             .unwrap();
+        let t = shape(t);
         match self {
             Db::Pg(p) => WorkQueue::postgres(p.clone(), t),
             Db::Lite(p, _) => WorkQueue::sqlite(p.clone(), t),
@@ -954,4 +960,165 @@ async fn rows_given_back_wake_the_listening_workers() {
         matches!(&note, Ok(Ok(n)) if n.channel() == channel),
         "the give-back was announced on {channel}: {note:?}"
     );
+}
+
+/// Per-key limits: 8 workers of 2 slots drain 300 rows of 50 keys, each
+/// key's 6 rows next to each other in queue order, under `fifo_key`. No two rows of one key ever run at once (each handler
+/// counts its key's running rows as it starts), every row runs once, and
+/// each key's rows start in queue order.
+async fn one_row_per_key_runs_at_a_time(db: Db) {
+    let table = db.outbox("wk_key", 0).await;
+    for i in 0..300 {
+        db.exec(&format!(
+            "INSERT INTO {table} (payload) VALUES ('key-{}')",
+            i / 6
+        ))
+        .await;
+    }
+    #[derive(Default)]
+    struct Seen {
+        running: HashMap<String, usize>,
+        overlaps: Vec<String>,
+        starts: HashMap<String, Vec<i64>>,
+    }
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let handler = |seen: Arc<Mutex<Seen>>| {
+        move |job: Job| {
+            let seen = seen.clone();
+            async move {
+                let key: String = job.get("payload")?;
+                {
+                    let mut s = seen.lock().unwrap();
+                    let n = s.running.entry(key.clone()).or_default();
+                    *n += 1;
+                    if *n > 1 {
+                        let n = *n;
+                        s.overlaps
+                            .push(format!("{key}: {n} running as row {} started", job.id));
+                    }
+                    s.starts.entry(key.clone()).or_default().push(job.id);
+                }
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                *seen.lock().unwrap().running.get_mut(&key).unwrap() -= 1;
+                Ok(())
+            }
+        }
+    };
+    let mut workers = Vec::new();
+    for _ in 0..8 {
+        let q = db.queue_with(&table, |t| t.fifo_key("payload").unwrap());
+        let w = Worker::new(q)
+            .concurrency(2)
+            .idle_poll(Duration::from_millis(5), Duration::from_millis(50));
+        workers.push(spawn(w, handler(seen.clone())));
+    }
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    wait_rows(&db, "every row done", &done, 300).await;
+    let mut completed = 0;
+    for (stop, task) in workers {
+        let _ = stop.send(());
+        completed += task.await.unwrap().unwrap().completed;
+    }
+    assert_eq!(completed, 300, "every row ran once");
+    let seen = seen.lock().unwrap();
+    assert!(seen.overlaps.is_empty(), "{:?}", seen.overlaps);
+    assert_eq!(seen.starts.len(), 50);
+    for (key, ids) in &seen.starts {
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(ids, &sorted, "{key}'s rows started out of queue order");
+        assert_eq!(ids.len(), 6, "{key}: {ids:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_row_per_key_runs_at_a_time_on_postgres() {
+    one_row_per_key_runs_at_a_time(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_row_per_key_runs_at_a_time_on_sqlite() {
+    one_row_per_key_runs_at_a_time(Db::lite().await).await;
+}
+
+/// A limit of 2 per key: two rows of a key run at once, never three, and a
+/// worker that dies with its key's rows running blocks the key only until
+/// their leases run out.
+async fn a_key_limit_holds_and_a_dead_worker_frees_its_key(db: Db) {
+    let table = db.outbox("wk_key2", 0).await;
+    for _ in 0..5 {
+        db.exec(&format!("INSERT INTO {table} (payload) VALUES ('k')"))
+            .await;
+    }
+    let shape = |t: WorkTable| t.concurrency_key("payload", 2).unwrap();
+    let locked = format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL");
+    // A worker of 4 slots whose handlers never end takes two rows, not more.
+    let stuck = Worker::new(db.queue_with(&table, shape))
+        .concurrency(4)
+        .lease(Duration::from_secs(2))
+        .idle_poll(Duration::from_millis(5), Duration::from_millis(20));
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel::<i64>();
+    let dying = tokio::spawn(stuck.run(
+        move |job: Job| {
+            let started = started.clone();
+            async move {
+                let _ = started.send(job.id);
+                std::future::pending::<()>().await;
+                Ok(())
+            }
+        },
+        std::future::pending::<()>(),
+    ));
+    let first = (starts.recv().await.unwrap(), starts.recv().await.unwrap());
+    wait_rows(&db, "two rows running", &locked, 2).await;
+    // A row of another key, after the key's three waiting rows in queue
+    // order: the claim that takes it has free slots and passes those rows
+    // first, so it would take the third row of `k` too were the limit not
+    // kept.
+    db.exec(&format!("INSERT INTO {table} (payload) VALUES ('other')"))
+        .await;
+    let other = db.int(&format!("SELECT max(id) FROM {table}")).await;
+    let next = tokio::time::timeout(Duration::from_secs(30), starts.recv()).await;
+    assert_eq!(
+        next,
+        Ok(Some(other)),
+        "the next row to start is the other key's"
+    );
+    let k_locked =
+        format!("SELECT count(*) FROM {table} WHERE lock_id IS NOT NULL AND payload = 'k'");
+    assert_eq!(
+        db.int(&k_locked).await,
+        2,
+        "a third row of the key was claimed"
+    );
+    // The worker dies: its rows stay locked until their leases run out.
+    dying.abort();
+    let _ = dying.await;
+    let done = format!("SELECT count(*) FROM {table} WHERE status = 'done'");
+    let (stop, task) = spawn(
+        Worker::new(db.queue_with(&table, shape))
+            .concurrency(4)
+            .idle_poll(Duration::from_millis(5), Duration::from_millis(50)),
+        |_job: Job| async { Ok(()) },
+    );
+    wait_rows(
+        &db,
+        "the key's rows done after the dead worker's leases",
+        &done,
+        6,
+    )
+    .await;
+    let _ = stop.send(());
+    let report = task.await.unwrap().unwrap();
+    assert_eq!(report.completed, 6, "{report:?} (first two: {first:?})");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limit_holds_and_a_dead_worker_frees_its_key_on_postgres() {
+    a_key_limit_holds_and_a_dead_worker_frees_its_key(Db::pg().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limit_holds_and_a_dead_worker_frees_its_key_on_sqlite() {
+    a_key_limit_holds_and_a_dead_worker_frees_its_key(Db::lite().await).await;
 }

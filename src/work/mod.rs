@@ -101,6 +101,7 @@ pub struct WorkTable {
     pub(crate) partition_column: Option<String>,
     pub(crate) attempts: Option<String>,
     pub(crate) on_dead: Option<String>,
+    pub(crate) concurrency_key: Option<(String, u32)>,
 }
 
 impl WorkTable {
@@ -123,6 +124,7 @@ impl WorkTable {
             partition_column: None,
             attempts: None,
             on_dead: None,
+            concurrency_key: None,
         })
     }
 
@@ -216,6 +218,31 @@ impl WorkTable {
     pub fn on_dead(mut self, set: &str) -> Self {
         self.on_dead = Some(set.to_string());
         self
+    }
+
+    /// At most `limit` rows with the same value in `column` (a customer, an
+    /// order, an API) run at once, across every worker and process: a claim
+    /// never takes a row whose key already has `limit` rows under a live
+    /// lease, and takes a key's rows in queue order. A lease that runs out
+    /// frees its key's slot at once, so a crashed worker blocks its key for
+    /// no longer than its lease. Rows whose key is NULL have no limit. An
+    /// index on `column` keeps the claim's count of running rows cheap.
+    pub fn concurrency_key(mut self, column: &str, limit: u32) -> Result<Self, WorkError> {
+        if limit == 0 {
+            return Err(WorkError::BadArgument(
+                "concurrency_key: the limit must be at least 1",
+            ));
+        }
+        self.concurrency_key = Some((ident(column)?, limit));
+        Ok(self)
+    }
+
+    /// Strict order per key: one row of a key runs at a time, the first in
+    /// queue order (`concurrency_key(column, 1)`). A row that waits for its
+    /// retry time is not eligible meanwhile, so the key's next row may run
+    /// before it unless the `eligible` predicate says otherwise.
+    pub fn fifo_key(self, column: &str) -> Result<Self, WorkError> {
+        self.concurrency_key(column, 1)
     }
 
     /// The integer column holding each row's partition number (computed at
@@ -859,8 +886,12 @@ impl WorkQueue {
                     .await?;
                 Ok(())
             }
+            // SQLite has no notifications: its workers poll.
             #[cfg(feature = "sqlite")]
-            WorkPool::Sqlite(_) => Ok(()),
+            WorkPool::Sqlite(_) => {
+                let _ = channel;
+                Ok(())
+            }
         }
     }
 

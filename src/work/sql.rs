@@ -106,8 +106,27 @@ impl Statements {
             set.push_str(", ");
             set.push_str(extra);
         }
-        let claim_with =
-            |extra: &str| claim_statement(d, table, id, &set, &claimable, extra, &order);
+        let key = t.concurrency_key.as_ref().map(|(column, limit)| KeyLimit {
+            column,
+            limit: *limit,
+            running: format!(
+                "(SELECT count(*) FROM {table} running WHERE running.{column} = {{row}}.{column} \
+                 AND running.{lock} IS NOT NULL AND running.{until} >= {})",
+                d.now()
+            ),
+        });
+        let claim_with = |extra: &str| {
+            let claim = Claim {
+                d,
+                table,
+                id,
+                set: &set,
+                claimable: &claimable,
+                extra,
+                order: &order,
+            };
+            claim.statement(key.as_ref())
+        };
         let partition_filter = t
             .partition_column
             .as_ref()
@@ -214,32 +233,91 @@ impl Statements {
     }
 }
 
-/// The claim: pick up to `$1` claimable rows in order, then take them with
-/// one conditional `UPDATE` that restates the predicate. PostgreSQL locks
-/// the picked rows in the subquery and skips rows another statement holds:
-/// an `UPDATE` that locked rows one by one in plan order could deadlock
-/// against a concurrent claim or `complete_all` (SQLSTATE 40P01). Row locks
-/// last until the transaction ends, and the claim runs as a transaction of
-/// its own, so they last this one statement; `ARRAY(...)` runs the subquery
-/// once. SQLite has one writer at a time.
-fn claim_statement(
+/// A per-key limit: at most `limit` rows with one value of `column` under a
+/// live lease. `running` counts them for the row named `{row}`.
+struct KeyLimit<'a> {
+    column: &'a str,
+    limit: u32,
+    running: String,
+}
+
+/// The parts of one claim statement.
+struct Claim<'a> {
     d: Dialect,
-    table: &str,
-    id: &str,
-    set: &str,
-    claimable: &str,
-    extra: &str,
-    order: &str,
-) -> String {
-    let pick = format!(
-        "SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}",
-        batch = d.p(1),
-    );
-    let picked = match d {
-        Dialect::Postgres => format!("{id} = ANY(ARRAY({pick} FOR UPDATE SKIP LOCKED))"),
-        Dialect::Sqlite => format!("{id} IN ({pick})"),
-    };
-    format!("UPDATE {table} SET {set} WHERE {picked} AND {claimable}{extra} RETURNING *")
+    table: &'a str,
+    id: &'a str,
+    set: &'a str,
+    claimable: &'a str,
+    extra: &'a str,
+    order: &'a str,
+}
+
+impl Claim<'_> {
+    /// The claim: pick up to `$1` claimable rows in order, then take them
+    /// with one conditional `UPDATE` that restates the predicate. PostgreSQL
+    /// locks the picked rows in the subquery and skips rows another
+    /// statement holds: an `UPDATE` that locked rows one by one in plan order
+    /// could deadlock against a concurrent claim or `complete_all` (SQLSTATE
+    /// 40P01). Row locks last until the transaction ends, and the claim runs
+    /// as a transaction of its own, so they last this one statement;
+    /// `ARRAY(...)` runs the subquery once. SQLite has one writer at a time.
+    ///
+    /// With a per-key limit, a row may be picked only while it is among the
+    /// first `limit - running` claimable rows of its key in queue order
+    /// (`running`: the key's rows under a live lease, as the statement's
+    /// snapshot sees them), and the stamp restates the limit. Two claims
+    /// that race therefore aim at the same first rows of a key, and the row
+    /// locks let only one take each; a claim whose snapshot is older than a
+    /// rival's commit finds those rows taken when its stamp re-checks them
+    /// (PostgreSQL re-evaluates the stamp's predicate on a row changed since
+    /// the statement began) and takes nothing of the key. This needs queue
+    /// order to agree with eligibility (docs/work-rows.md, *Per-key limits*).
+    /// A row whose key is NULL has no limit.
+    fn statement(&self, key: Option<&KeyLimit<'_>>) -> String {
+        let Claim {
+            d,
+            table,
+            id,
+            set,
+            claimable,
+            extra,
+            order,
+        } = *self;
+        let batch = d.p(1);
+        let pick = match key {
+            None => {
+                format!("SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}")
+            }
+            Some(k) => {
+                let (column, limit) = (k.column, k.limit);
+                let running = k.running.replace("{row}", "ranked");
+                format!(
+                    "SELECT {id} FROM {table} WHERE {id} IN (SELECT ranked.{id} FROM \
+                     (SELECT {id}, {column}, row_number() OVER (PARTITION BY {column} ORDER BY {order}) AS rolegate_rank \
+                     FROM {table} WHERE {claimable}{extra}) ranked \
+                     WHERE ranked.{column} IS NULL OR ranked.rolegate_rank <= {limit} - {running}) \
+                     ORDER BY {order} LIMIT {batch}"
+                )
+            }
+        };
+        let picked = match d {
+            Dialect::Postgres => format!("{id} = ANY(ARRAY({pick} FOR UPDATE SKIP LOCKED))"),
+            Dialect::Sqlite => format!("{id} IN ({pick})"),
+        };
+        let limited = key
+            .map(|k| {
+                let running = k.running.replace("{row}", table);
+                format!(
+                    " AND ({table}.{column} IS NULL OR {running} < {limit})",
+                    column = k.column,
+                    limit = k.limit
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "UPDATE {table} SET {set} WHERE {picked} AND {claimable}{extra}{limited} RETURNING *"
+        )
+    }
 }
 
 #[cfg(test)]
@@ -305,5 +383,43 @@ mod tests {
         );
         assert!(q.claim.contains("LIMIT ?1") && q.complete.contains("lock_id = ?2"));
         assert!(!q.claim.contains("FOR UPDATE"), "{}", q.claim);
+    }
+
+    #[test]
+    fn a_key_limit_ranks_the_pick_and_restates_the_limit_in_the_stamp() {
+        let t = WorkTable::new("outbox")
+            .unwrap()
+            .eligible("status = 'pending'")
+            .order_by(&["run_at"])
+            .unwrap()
+            .concurrency_key("customer", 2)
+            .unwrap();
+        for d in [Dialect::Postgres, Dialect::Sqlite] {
+            let s = Statements::new(&t, d);
+            for claim in [&s.claim, &s.claim_partitions] {
+                assert!(
+                    claim.contains("row_number() OVER (PARTITION BY customer ORDER BY run_at, id)"),
+                    "{claim}"
+                );
+                assert!(
+                    claim.contains("ranked.customer IS NULL OR ranked.rolegate_rank <= 2 - (SELECT count(*) FROM outbox running WHERE running.customer = ranked.customer"),
+                    "{claim}"
+                );
+                assert!(
+                    claim.contains(
+                        "AND (outbox.customer IS NULL OR (SELECT count(*) FROM outbox running WHERE running.customer = outbox.customer"
+                    ) && claim.ends_with(") < 2) RETURNING *"),
+                    "{claim}"
+                );
+            }
+        }
+        assert!(WorkTable::new("outbox")
+            .unwrap()
+            .concurrency_key("c", 0)
+            .is_err());
+        assert!(WorkTable::new("outbox")
+            .unwrap()
+            .fifo_key("c; drop")
+            .is_err());
     }
 }
