@@ -446,12 +446,22 @@ async fn spawn_app(n: &mut Node, dir: &Path) -> Result<(), DemoError> {
         &["demo-app", "--port", &port, "--name", &name],
         &log,
     )?);
+    // Started means answering: a restarted app (its port known) is only
+    // back once it serves, else its gateway answers 502 meanwhile.
     let started = Instant::now();
-    while n.app == 0 {
-        let text = std::fs::read_to_string(&log).unwrap_or_default();
-        if let Some(port) = app_port(&text) {
-            n.app = port;
-            break;
+    loop {
+        if n.app == 0 {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(port) = app_port(&text) {
+                n.app = port;
+            }
+        }
+        if n.app != 0
+            && get(n.app, "/healthz", Duration::from_millis(500))
+                .await
+                .is_ok()
+        {
+            return Ok(());
         }
         if let Some(status) = exited(&mut n.app_child) {
             return Err(DemoError::Setup(format!(
@@ -460,14 +470,14 @@ async fn spawn_app(n: &mut Node, dir: &Path) -> Result<(), DemoError> {
             )));
         }
         if started.elapsed() > Duration::from_secs(15) {
+            let what = if n.app == 0 { "say its port" } else { "answer" };
             return Err(DemoError::Setup(format!(
-                "{name} did not say its port; its log ends:\n{}",
+                "{name} did not {what} within 15 s; its log ends:\n{}",
                 log_tail(&log)
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(())
 }
 
 /// Starts a node's gateway and waits until its `/readyz` answers.
