@@ -572,3 +572,53 @@ async fn graceful_stop_ends_open_streams_at_the_drain_bound_then_hands_over() {
     })
     .await;
 }
+
+/// Series on `/metrics` and roles held here, once this gateway holds all
+/// of a 65,536-role partition.
+async fn series_with_a_huge_partition(per_role: bool) -> (usize, usize) {
+    let dir = support::test_dir(if per_role {
+        "series_per_role"
+    } else {
+        "series"
+    });
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let mut spec = ClusterSpec::store("sqlite", &url, "series")
+        .with_extra(&format!("telemetry:\n  per_role_metrics: {per_role}\n"));
+    // Room for a debug build to claim and renew 65,536 roles.
+    spec.lease_yaml =
+        "lease:\n  duration: 60s\n  renew_interval: 10s\n  safety_margin: 10s\n".into();
+    let app = TestApp::start(0).await;
+    let routes = "roles:\n  - name: maintenance\npartitions:\n  - name: tenants\n    count: 65536\n    balance: false\n\
+                  routes:\n  - prefixes: [/maintenance]\n    role: maintenance\n  \
+                  - prefixes: [/tenants]\n    partition: tenants\n    key:\n      header: X-Tenant\n";
+    let gw = GatewayProcess::start_for_upstream(0, &spec, app.port, routes).await;
+    let held = r#"rolegate_partition_roles_held{partition="tenants"}"#;
+    support::wait_for_async(
+        "every role of the partition held",
+        Duration::from_secs(300),
+        || async { metrics(&gw).await.get(held).copied() == Some(65536.0) },
+    )
+    .await;
+    let m = metrics(&gw).await;
+    let roles_held_here = m
+        .keys()
+        .filter(|k| k.starts_with("rolegate_lease_held{"))
+        .count();
+    (m.len(), roles_held_here)
+}
+
+/// A gateway holding a 65,536-role partition exposes a bounded number of
+/// series by default: its partition counts as one label value, not 65,536
+/// (it was 131,248 series, 8 MB a scrape); `telemetry.per_role_metrics`
+/// brings the per-role series back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_partition_keeps_the_metrics_series_bounded() {
+    let (series, per_role_gauges) = series_with_a_huge_partition(false).await;
+    eprintln!("figures: series with a 65,536-role partition: {series}");
+    assert!(series <= 2_000, "{series} series");
+    assert_eq!(per_role_gauges, 1, "only the plain role has its own gauge");
+    let (series, per_role_gauges) = series_with_a_huge_partition(true).await;
+    eprintln!("figures: series with per_role_metrics: {series}");
+    assert_eq!(per_role_gauges, 65_537);
+    assert!(series > 65_536, "{series} series");
+}

@@ -144,6 +144,9 @@ pub(super) fn check_config(path: &Path, print: bool) -> ExitCode {
             count(roles, "role"),
             count(config.routes.len() as u64, "route")
         );
+        if let Some(warning) = config.per_role_series_warning() {
+            tell!("warning: {warning}");
+        }
     }
     ExitCode::SUCCESS
 }

@@ -247,6 +247,15 @@ impl Default for ShutdownConfig {
     }
 }
 
+/// The `telemetry` section: what `/metrics` exposes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// One series per role of a partition (`rolegate_lease_held`, the
+    /// `role` label of the counters) instead of one per partition.
+    pub per_role_metrics: bool,
+}
+
 /// What a route is gated by.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RouteTarget {
@@ -479,6 +488,9 @@ pub struct Config {
     /// Graceful stop.
     #[serde(default, deserialize_with = "value::section")]
     pub shutdown: ShutdownConfig,
+    /// What `/metrics` exposes.
+    #[serde(default, deserialize_with = "value::section")]
+    pub telemetry: TelemetryConfig,
     /// TLS on the public listener; plain TCP when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsConfig>,
@@ -487,7 +499,25 @@ pub struct Config {
     pub peers: PeersConfig,
 }
 
+/// Partition roles past which `telemetry.per_role_metrics` is warned about.
+#[cfg(feature = "gateway")]
+const PER_ROLE_SERIES_WARN: u64 = 4_096;
+
 impl Config {
+    /// A warning when `telemetry.per_role_metrics` would put more series on
+    /// `/metrics` than a Prometheus target usually carries.
+    #[cfg(feature = "gateway")]
+    pub(crate) fn per_role_series_warning(&self) -> Option<String> {
+        let partition_roles: u64 = self.partitions.iter().map(|p| u64::from(p.count)).sum();
+        (self.telemetry.per_role_metrics && partition_roles > PER_ROLE_SERIES_WARN).then(|| {
+            format!(
+                "telemetry.per_role_metrics gives each of the {partition_roles} partition roles series of its own \
+                 (at least {} on /metrics); a Prometheus target is usually kept to a few thousand",
+                2 * partition_roles
+            )
+        })
+    }
+
     /// Reads and resolves a file, expanding `${VAR}` from the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|e| ConfigError {

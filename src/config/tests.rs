@@ -733,3 +733,30 @@ fn an_empty_key_whose_default_depends_on_another_reads_as_unset() {
     );
     assert_eq!((c.proxy.retry_after, c.proxy.max_held), (None, 7));
 }
+
+#[test]
+fn per_role_metrics_over_a_few_thousand_partition_roles_is_warned_about() {
+    let text = |on: bool, count: u32| {
+        format!("telemetry:\n  per_role_metrics: {on}\npartitions:\n  - name: tenants\n    count: {count}\n")
+    };
+    let warned = parse(&text(true, 8192)).unwrap().per_role_series_warning();
+    assert!(
+        warned
+            .as_deref()
+            .is_some_and(|w| w.contains("8192 partition roles")),
+        "{warned:?}"
+    );
+    assert_eq!(
+        parse(&text(false, 65536))
+            .unwrap()
+            .per_role_series_warning(),
+        None
+    );
+    assert_eq!(
+        parse(&text(true, 4096)).unwrap().per_role_series_warning(),
+        None
+    );
+    assert!(!parse("{}").unwrap().telemetry.per_role_metrics);
+    let e = refused("telemetry:\n  per_role_metric: true\n");
+    assert_eq!(e.key, "telemetry.per_role_metric", "{e}");
+}

@@ -117,6 +117,10 @@ pub(crate) async fn run(
         unread: unread::UnreadBudget::new(config.proxy.max_unread_mib.saturating_mul(1 << 20)),
     };
     // Metrics first, so every handle created below reports to the recorder.
+    telemetry::set_per_role_metrics(config.telemetry.per_role_metrics);
+    if let Some(warning) = config.per_role_series_warning() {
+        tracing::warn!("{warning}");
+    }
     let metrics = install_metrics();
     let (listeners, bound, admin) = bind_all(&config, workers).await?;
     // Before anything contends: bad TLS files are refused at start.

@@ -316,7 +316,7 @@ fn from_local(mut resp: Response<Body>) -> Response<Body> {
 
 /// The 503 for a local request whose term ended before it was answered.
 fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
-    metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role.to_string(), "reason" => reason)
+    metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => crate::telemetry::role_label(&role), "reason" => reason)
         .increment(1);
     Problem::new(
         Reason::TermEnded,

@@ -399,15 +399,14 @@ impl HeartbeatLoop {
         }
     }
 
-    /// Held roles of each balanced partition, for the gauge.
+    /// Held roles of each partition, for the gauge.
     pub(super) fn record_shares(&self) {
-        let Some(b) = &self.balance else { return };
-        for p in &b.partitions {
-            let held = (p.first..p.first + p.count)
+        for (name, p) in self.shared.partitions() {
+            let first = p.first;
+            let held = (first..first + p.count as usize)
                 .filter(|&i| self.roles[i].held.is_some())
                 .count();
-            let partition = p.name.to_string();
-            metrics::gauge!(telemetry::PARTITION_ROLES_HELD, "partition" => partition)
+            metrics::gauge!(telemetry::PARTITION_ROLES_HELD, "partition" => name.clone())
                 .set(held as f64);
         }
     }

@@ -503,7 +503,11 @@ impl HeartbeatLoop {
         // before the store below.
         for (i, r) in self.roles.iter_mut().enumerate() {
             let held = r.held.is_some();
-            if r.gauge_held != Some(held) {
+            // A partition's roles are counted by `record_shares` instead,
+            // unless each is to have its own series.
+            let own_series =
+                telemetry::partition_of(&r.state.name).is_none() || telemetry::per_role_metrics();
+            if own_series && r.gauge_held != Some(held) {
                 r.gauge_held = Some(held);
                 metrics::gauge!(telemetry::LEASE_HELD, "role" => r.state.name.to_string())
                     .set(if held { 1.0 } else { 0.0 });
