@@ -184,7 +184,6 @@ static PER_ROLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::
 
 /// Series for every role of a partition (`telemetry.per_role_metrics`)
 /// instead of one per partition. Process-wide: the metrics recorder is.
-#[cfg(feature = "gateway")]
 pub(crate) fn set_per_role_metrics(on: bool) {
     PER_ROLE.store(on, std::sync::atomic::Ordering::Relaxed);
 }
@@ -192,24 +191,6 @@ pub(crate) fn set_per_role_metrics(on: bool) {
 /// Whether a partition's roles get series of their own.
 pub(crate) fn per_role_metrics() -> bool {
     PER_ROLE.load(std::sync::atomic::Ordering::Relaxed)
-}
-
-/// The partition of a partition role (`{partition}:partition-{index}`).
-pub(crate) fn partition_of(role: &str) -> Option<&str> {
-    let (partition, index) = role.rsplit_once(":partition-")?;
-    let numeric = !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit());
-    (numeric && !partition.is_empty()).then_some(partition)
-}
-
-/// The value of the `role` label for `role`: the role itself, or for a
-/// partition's role its partition (the series sums the partition's roles),
-/// unless [`per_role_metrics`] is on. It keeps the series count bounded by
-/// the roles and partitions configured, not by a partition's size.
-pub(crate) fn role_label(role: &str) -> String {
-    match partition_of(role) {
-        Some(partition) if !per_role_metrics() => partition.to_string(),
-        _ => role.to_string(),
-    }
 }
 
 /// Handles for the metrics recorded on every request, resolved once: a
@@ -379,27 +360,6 @@ impl TrackedBody {
             inner,
             (OpenGuard::stream(), hold),
         ))
-    }
-}
-
-#[cfg(test)]
-mod label_tests {
-    use super::*;
-
-    #[test]
-    fn a_partition_role_is_labelled_by_its_partition() {
-        assert_eq!(partition_of("devices:partition-12"), Some("devices"));
-        assert_eq!(partition_of("a:b:partition-0"), Some("a:b"));
-        for plain in [
-            "maintenance",
-            "x:partition-",
-            "x:partition-1a",
-            ":partition-3",
-        ] {
-            assert_eq!(partition_of(plain), None, "{plain}");
-        }
-        assert_eq!(role_label("devices:partition-12"), "devices");
-        assert_eq!(role_label("maintenance"), "maintenance");
     }
 }
 

@@ -604,6 +604,14 @@ async fn series_with_a_huge_partition(per_role: bool) -> (usize, usize) {
         .keys()
         .filter(|k| k.starts_with("rolegate_lease_held{"))
         .count();
+    // Term changes: one series for the partition, or one per role.
+    let by_partition = m.get(r#"rolegate_lease_term_changes_total{role="tenants"}"#);
+    let of_one_role = m.get(r#"rolegate_lease_term_changes_total{role="tenants:partition-7"}"#);
+    if per_role {
+        assert_eq!((by_partition, of_one_role), (None, Some(&1.0)));
+    } else {
+        assert_eq!((by_partition, of_one_role), (Some(&65536.0), None));
+    }
     (m.len(), roles_held_here)
 }
 

@@ -222,12 +222,14 @@ async fn long_work_is_renewed_and_runs_once(db: Db) {
             let runs = runs.clone();
             async move {
                 *runs.lock().unwrap().entry(job.id).or_default() += 1;
-                tokio::time::sleep(Duration::from_millis(1_600)).await;
+                tokio::time::sleep(Duration::from_millis(4_000)).await;
                 Ok(())
             }
         }
     };
-    let lease = Duration::from_millis(400);
+    // Long enough that a busy machine's scheduling delays (renewals are
+    // due every third of it) do not look like a lost lease.
+    let lease = Duration::from_millis(1_000);
     let worker = || {
         Worker::new(db.queue(&table))
             .concurrency(4)

@@ -500,13 +500,13 @@ pub struct Config {
 }
 
 /// Partition roles past which `telemetry.per_role_metrics` is warned about.
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 const PER_ROLE_SERIES_WARN: u64 = 4_096;
 
 impl Config {
     /// A warning when `telemetry.per_role_metrics` would put more series on
     /// `/metrics` than a Prometheus target usually carries.
-    #[cfg(feature = "gateway")]
+    #[cfg(any(test, feature = "gateway"))]
     pub(crate) fn per_role_series_warning(&self) -> Option<String> {
         let partition_roles: u64 = self.partitions.iter().map(|p| u64::from(p.count)).sum();
         (self.telemetry.per_role_metrics && partition_roles > PER_ROLE_SERIES_WARN).then(|| {

@@ -110,6 +110,7 @@ pub struct CoordinatorBuilder {
     routes: String,
     /// Declared scopes per partition, applied by `start`.
     scopes: Vec<(String, Vec<Option<String>>)>,
+    per_role_metrics: Option<bool>,
 }
 
 impl CoordinatorBuilder {
@@ -123,6 +124,7 @@ impl CoordinatorBuilder {
             partitions: Vec::new(),
             hook: None,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            per_role_metrics: None,
             routes: String::new(),
             scopes: Vec::new(),
         }
@@ -186,6 +188,15 @@ impl CoordinatorBuilder {
         self
     }
 
+    /// Metrics for each role of a partition (`rolegate_lease_held`, the
+    /// `role` label of the counters) instead of one series per partition,
+    /// which is the default. Process-wide, as the `metrics` recorder is:
+    /// the last coordinator started with it set decides.
+    pub fn per_role_metrics(mut self, on: bool) -> Self {
+        self.per_role_metrics = Some(on);
+        self
+    }
+
     /// How long [`Coordinator::shutdown`] waits for local work before ending
     /// it and releasing every role. Default 10 s.
     pub fn drain_timeout(mut self, drain: Duration) -> Self {
@@ -231,6 +242,9 @@ impl CoordinatorBuilder {
     /// current tokio runtime. Store problems do not fail this: the loop keeps
     /// retrying and the snapshot reports them.
     pub fn start(mut self) -> Result<Coordinator, CoordinatorError> {
+        if let Some(on) = self.per_role_metrics {
+            crate::telemetry::set_per_role_metrics(on);
+        }
         for (name, scopes) in std::mem::take(&mut self.scopes) {
             let Some(p) = self.partitions.iter_mut().find(|p| p.0 == name) else {
                 return Err(CoordinatorError::UnknownPartition(name));

@@ -401,6 +401,12 @@ impl TermWatch {
         self.shared.role(self.idx).name.as_arc()
     }
 
+    /// The `role` label of this role's metrics (its partition's name for a
+    /// partition's role).
+    pub(crate) fn metric_label(&self) -> String {
+        self.shared.metric_label(self.idx)
+    }
+
     /// Ends the count of local work this watch's [`LocalWork`](super::LocalWork) held.
     fn leave_local(&self) {
         self.shared.leave_local(self.idx);

@@ -254,6 +254,21 @@ impl LeaseState {
         &self.registry.roles[i]
     }
 
+    /// The `role` label of role `i`'s metrics: its name, or for a
+    /// partition's role the partition's (its series sums the partition's
+    /// roles), unless every role is to have series of its own.
+    pub(super) fn metric_label(&self, i: usize) -> String {
+        if !crate::telemetry::per_role_metrics() {
+            let mut partitions = self.registry.partitions.iter();
+            if let Some((name, _)) =
+                partitions.find(|(_, p)| (p.first..p.first + p.count as usize).contains(&i))
+            {
+                return name.clone();
+            }
+        }
+        self.role(i).name.to_string()
+    }
+
     pub(super) fn role_count(&self) -> usize {
         self.registry.roles.len()
     }

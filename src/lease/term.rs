@@ -130,7 +130,7 @@ impl Terms {
         }
     }
 
-    #[cfg(feature = "gateway")]
+    #[cfg(any(test, feature = "gateway"))]
     /// Ends the work of role `i`'s current term, whatever its token.
     pub(super) fn end_current(&self, i: usize, reason: TermEndReason) {
         let mut slot = self.slot(i);

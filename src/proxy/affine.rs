@@ -14,12 +14,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::Waker;
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 use tokio::time::Sleep;
 
 use axum::body::Body;
@@ -30,7 +30,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
 use super::h2pool::H2Failure;
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 use super::turns::Turns;
 
 /// Idle pooled connections are closed after this, below the 5 s keep-alive
@@ -134,7 +134,7 @@ impl Drop for Lease<'_> {
 }
 
 impl Affinity {
-    #[cfg(feature = "gateway")]
+    #[cfg(any(test, feature = "gateway"))]
     /// A client connection's slots, drawing kept connections from `kept`
     /// (one per worker), and the future its task must poll, beside the
     /// connection itself, to drive them.
@@ -299,7 +299,7 @@ impl Owner {
         true
     }
 
-    #[cfg(feature = "gateway")]
+    #[cfg(any(test, feature = "gateway"))]
     /// Polls every kept connection; true while any is open.
     fn poll_drivers(&self, cx: &mut Context<'_>) -> bool {
         let mut drivers = self.drivers();
@@ -316,7 +316,7 @@ impl Owner {
         !drivers.running.is_empty()
     }
 
-    #[cfg(feature = "gateway")]
+    #[cfg(any(test, feature = "gateway"))]
     /// Empties each slot whose connection has been ready and idle for
     /// [`POOL_IDLE_TIMEOUT`]: the dropped sender lets the connection close.
     /// Returns when to look again: when the next would have been idle that
@@ -339,7 +339,7 @@ impl Owner {
     }
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 /// Drives a client connection's kept upstream connections in the client
 /// connection's own task, which polls them with the connection
 /// ([`Drive::around`]), and drops one idle for [`POOL_IDLE_TIMEOUT`].
@@ -354,7 +354,7 @@ pub(crate) struct Drive {
     turns: Turns,
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 /// Polls every kept connection, and drops those idle too long.
 fn poll_kept(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut Context<'_>) {
     loop {
@@ -373,7 +373,7 @@ fn poll_kept(owner: &Owner, idle_check: &mut Option<Pin<Box<Sleep>>>, cx: &mut C
     }
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 impl Drive {
     /// `conn` (the client connection) and the kept connections polled in
     /// turns ([`Turns`]): each only when its waker fired, and again within
@@ -386,14 +386,14 @@ impl Drive {
     }
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 /// See [`Drive::around`].
 pub(crate) struct Around<'a, F> {
     drive: &'a mut Drive,
     conn: Pin<&'a mut F>,
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 impl<F: Future> Future for Around<'_, F> {
     type Output = F::Output;
 
@@ -413,7 +413,7 @@ impl<F: Future> Future for Around<'_, F> {
     }
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 impl Drop for Drive {
     fn drop(&mut self) {
         let running = {

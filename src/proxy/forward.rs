@@ -626,7 +626,7 @@ pub fn sanitize_headers(headers: &mut http::HeaderMap, trusted: bool, upgrades: 
     strip_hop_by_hop(headers, upgrade);
 }
 
-#[cfg(any(feature = "gateway", fuzzing))]
+#[cfg(any(test, feature = "gateway", fuzzing))]
 /// Who a request is being prepared for, and what the gateway knows of it.
 #[derive(Debug, Clone, Copy)]
 pub struct HopContext<'a> {
@@ -648,7 +648,7 @@ pub struct HopContext<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct ArrivedOverTls;
 
-#[cfg(any(feature = "gateway", fuzzing))]
+#[cfg(any(test, feature = "gateway", fuzzing))]
 /// Prepares a request's headers for the next hop: client-sent rolegate
 /// fields and look-alikes removed, forwarding fields replaced unless trusted,
 /// hop-by-hop removed (an allowed upgrade kept), forwarding headers appended.

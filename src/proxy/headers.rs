@@ -44,7 +44,7 @@ pub fn rolegate_hops(headers: &HeaderMap) -> usize {
         .count()
 }
 
-#[cfg(any(feature = "gateway", fuzzing))]
+#[cfg(any(test, feature = "gateway", fuzzing))]
 /// Whether a request carries any sign of a gateway hop: the hop marker (in
 /// any spelling a CGI server would merge with it) or a `Via: 1.1 rolegate
 /// (<id>)` entry, which only a gateway forwarding to a peer writes.

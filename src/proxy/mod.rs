@@ -27,7 +27,7 @@ pub(crate) mod stack;
 pub(crate) mod term_body;
 pub(crate) mod trust;
 pub(crate) mod tunnel;
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 pub(crate) mod turns;
 
 #[cfg(feature = "gateway")]

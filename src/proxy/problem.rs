@@ -246,7 +246,7 @@ pub(crate) fn is_grpc(headers: &http::HeaderMap) -> bool {
         })
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 /// A problem answer recast for a gRPC client: HTTP 200 with no body and the
 /// status in `grpc-status`/`grpc-message` (a "trailers-only" response), so
 /// the client sees e.g. `UNAVAILABLE` at once rather than a protocol error.
@@ -281,7 +281,7 @@ pub(crate) fn grpc_answer(resp: Response<Body>) -> Response<Body> {
     Response::from_parts(parts, Body::empty())
 }
 
-#[cfg(feature = "gateway")]
+#[cfg(any(test, feature = "gateway"))]
 /// gRPC's percent-encoding of `grpc-message`: every byte outside
 /// printable ASCII, and `%`, as `%XX`.
 fn grpc_percent_encode(s: &str) -> String {

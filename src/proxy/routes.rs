@@ -119,7 +119,7 @@ impl<T> RouteTable<T> {
         }
     }
 
-    #[cfg(any(feature = "gateway", fuzzing))]
+    #[cfg(any(test, feature = "gateway", fuzzing))]
     /// Adds a target reachable under each of `prefixes` (canonicalized here;
     /// a prefix that cannot be is skipped: the config loader refuses those).
     pub fn add(&mut self, prefixes: &[String], target: T) {

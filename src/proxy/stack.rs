@@ -282,6 +282,7 @@ async fn run_local<S: Local>(
 ) -> Response<Body> {
     let over = work.over();
     let role = lease.role.clone();
+    let label = work.watch().metric_label();
     // The app's own long work (a WebSocket task, a loop) learns of the
     // term's end from the watch.
     let watch = work.watch().clone();
@@ -295,7 +296,7 @@ async fn run_local<S: Local>(
         resp = inner.serve(req, Some(term)) => from_local(resp),
         _ = over => {
             drop(slot.take());
-            return answer(settings, term_ended(role, slot.reason()));
+            return answer(settings, term_ended(role, label, slot.reason()));
         }
     };
     // The work counts as running until its body has streamed.
@@ -315,8 +316,8 @@ fn from_local(mut resp: Response<Body>) -> Response<Body> {
 }
 
 /// The 503 for a local request whose term ended before it was answered.
-fn term_ended(role: Arc<str>, reason: &'static str) -> Problem {
-    metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => crate::telemetry::role_label(&role), "reason" => reason)
+fn term_ended(role: Arc<str>, label: String, reason: &'static str) -> Problem {
+    metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => label, "reason" => reason)
         .increment(1);
     Problem::new(
         Reason::TermEnded,

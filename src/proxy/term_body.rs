@@ -38,7 +38,7 @@ impl TermBody {
 
     fn end(&mut self) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, axum::Error>>> {
         self.over = true;
-        let role = crate::telemetry::role_label(self.work.watch().role());
+        let role = self.work.watch().metric_label();
         let reason = self.work.watch().reason().map_or("lost", |r| r.as_str());
         metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role, "reason" => reason)
             .increment(1);

@@ -149,7 +149,7 @@ pub(crate) async fn bridge_until_over<C, P>(
     }
     // The term is over: nothing more reaches the app.
     let _ = peer_wr.shutdown().await;
-    let role = crate::telemetry::role_label(work.watch().role());
+    let role = work.watch().metric_label();
     let reason = work.watch().reason().map_or("lost", |r| r.as_str());
     metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => role, "reason" => reason)
         .increment(1);

@@ -233,6 +233,10 @@ impl WorkTable {
                 "concurrency_key: the limit must be at least 1",
             ));
         }
+        // A column of the table itself: the statements qualify it.
+        if column.contains('.') {
+            return Err(WorkError::BadIdentifier(column.to_string()));
+        }
         self.concurrency_key = Some((ident(column)?, limit));
         Ok(self)
     }

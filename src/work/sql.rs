@@ -28,6 +28,17 @@ impl Dialect {
         }
     }
 
+    /// One time for the whole statement: a claim that ranks a key's rows
+    /// and counts its running ones must judge every lease at the same
+    /// instant, or a lease ending between two readings is seen neither
+    /// running nor claimable. (SQLite's `'now'` is already one per step.)
+    fn statement_now(self) -> &'static str {
+        match self {
+            Dialect::Postgres => "statement_timestamp()",
+            Dialect::Sqlite => self.now(),
+        }
+    }
+
     /// Now plus the lease bound as parameter `n` (seconds on PostgreSQL,
     /// milliseconds on SQLite).
     fn now_plus(self, n: u8) -> String {
@@ -106,14 +117,18 @@ impl Statements {
             set.push_str(", ");
             set.push_str(extra);
         }
-        let key = t.concurrency_key.as_ref().map(|(column, limit)| KeyLimit {
-            column,
-            limit: *limit,
-            running: format!(
-                "(SELECT count(*) FROM {table} running WHERE running.{column} = {{row}}.{column} \
-                 AND running.{lock} IS NOT NULL AND running.{until} >= {})",
-                d.now()
-            ),
+        let key = t.concurrency_key.as_ref().map(|(column, limit)| {
+            let at = d.statement_now();
+            KeyLimit {
+                column,
+                limit: *limit,
+                claimable: format!("({}) AND ({lock} IS NULL OR {until} < {at})", t.eligible),
+                running: format!(
+                    "(SELECT count(*) FROM {table} rolegate_running \
+                     WHERE rolegate_running.{column} = {{row}}.{column} \
+                     AND rolegate_running.{lock} IS NOT NULL AND rolegate_running.{until} >= {at})"
+                ),
+            }
         });
         let claim_with = |extra: &str| {
             let claim = Claim {
@@ -234,10 +249,12 @@ impl Statements {
 }
 
 /// A per-key limit: at most `limit` rows with one value of `column` under a
-/// live lease. `running` counts them for the row named `{row}`.
+/// live lease. `claimable` and `running` judge leases at the statement's
+/// one time; `running` counts the key's running rows for the row `{row}`.
 struct KeyLimit<'a> {
     column: &'a str,
     limit: u32,
+    claimable: String,
     running: String,
 }
 
@@ -265,7 +282,9 @@ impl Claim<'_> {
     /// With a per-key limit, a row may be picked only while it is among the
     /// first `limit - running` claimable rows of its key in queue order
     /// (`running`: the key's rows under a live lease, as the statement's
-    /// snapshot sees them), and the stamp restates the limit. Two claims
+    /// snapshot sees them, every lease judged at the statement's one time),
+    /// ranked over the whole table whatever partition filter the claim has,
+    /// and the stamp restates the limit. Two claims
     /// that race therefore aim at the same first rows of a key, and the row
     /// locks let only one take each; a claim whose snapshot is older than a
     /// rival's commit finds those rows taken when its stamp re-checks them
@@ -289,14 +308,18 @@ impl Claim<'_> {
                 format!("SELECT {id} FROM {table} WHERE {claimable}{extra} ORDER BY {order} LIMIT {batch}")
             }
             Some(k) => {
-                let (column, limit) = (k.column, k.limit);
-                let running = k.running.replace("{row}", "ranked");
+                // Ranked over every claimable row of the key, whatever
+                // `extra` (a partition filter) leaves to this claim: a key
+                // whose rows span partitions is still limited, and in order.
+                let (column, limit, ranked_from) = (k.column, k.limit, &k.claimable);
+                let running = k.running.replace("{row}", "rolegate_ranked");
                 format!(
-                    "SELECT {id} FROM {table} WHERE {id} IN (SELECT ranked.{id} FROM \
+                    "SELECT {id} FROM {table} WHERE {id} IN (SELECT rolegate_ranked.{id} FROM \
                      (SELECT {id}, {column}, row_number() OVER (PARTITION BY {column} ORDER BY {order}) AS rolegate_rank \
-                     FROM {table} WHERE {claimable}{extra}) ranked \
-                     WHERE ranked.{column} IS NULL OR ranked.rolegate_rank <= {limit} - {running}) \
-                     ORDER BY {order} LIMIT {batch}"
+                     FROM {table} WHERE {ranked_from}) rolegate_ranked \
+                     WHERE rolegate_ranked.{column} IS NULL OR (rolegate_ranked.rolegate_rank <= {limit} \
+                     AND rolegate_ranked.rolegate_rank <= {limit} - {running})) \
+                     AND {claimable}{extra} ORDER BY {order} LIMIT {batch}"
                 )
             }
         };
@@ -392,26 +415,39 @@ mod tests {
             .eligible("status = 'pending'")
             .order_by(&["run_at"])
             .unwrap()
+            .partition_column("partition_no")
+            .unwrap()
             .concurrency_key("customer", 2)
             .unwrap();
         for d in [Dialect::Postgres, Dialect::Sqlite] {
             let s = Statements::new(&t, d);
+            let at = d.statement_now();
             for claim in [&s.claim, &s.claim_partitions] {
+                // Ranked over every claimable row of the key at one time.
                 assert!(
-                    claim.contains("row_number() OVER (PARTITION BY customer ORDER BY run_at, id)"),
+                    claim.contains(&format!(
+                        "row_number() OVER (PARTITION BY customer ORDER BY run_at, id) AS rolegate_rank \
+                         FROM outbox WHERE (status = 'pending') AND (lock_id IS NULL OR locked_until < {at})) rolegate_ranked"
+                    )),
                     "{claim}"
                 );
                 assert!(
-                    claim.contains("ranked.customer IS NULL OR ranked.rolegate_rank <= 2 - (SELECT count(*) FROM outbox running WHERE running.customer = ranked.customer"),
+                    claim.contains("rolegate_ranked.customer IS NULL OR (rolegate_ranked.rolegate_rank <= 2 AND rolegate_ranked.rolegate_rank <= 2 - (SELECT count(*) FROM outbox rolegate_running WHERE rolegate_running.customer = rolegate_ranked.customer"),
                     "{claim}"
                 );
                 assert!(
-                    claim.contains(
-                        "AND (outbox.customer IS NULL OR (SELECT count(*) FROM outbox running WHERE running.customer = outbox.customer"
-                    ) && claim.ends_with(") < 2) RETURNING *"),
+                    claim.contains(&format!(
+                        "AND (outbox.customer IS NULL OR (SELECT count(*) FROM outbox rolegate_running \
+                         WHERE rolegate_running.customer = outbox.customer AND rolegate_running.lock_id IS NOT NULL \
+                         AND rolegate_running.locked_until >= {at}) < 2) RETURNING *"
+                    )),
                     "{claim}"
                 );
             }
+            // The partition filter narrows the pick, never the ranking.
+            let (ranking, pick) = s.claim_partitions.split_once(") rolegate_ranked").unwrap();
+            assert!(!ranking.contains("partition_no"), "{ranking}");
+            assert!(pick.contains("partition_no"), "{pick}");
         }
         assert!(WorkTable::new("outbox")
             .unwrap()
@@ -421,5 +457,6 @@ mod tests {
             .unwrap()
             .fifo_key("c; drop")
             .is_err());
+        assert!(WorkTable::new("outbox").unwrap().fifo_key("s.c").is_err());
     }
 }

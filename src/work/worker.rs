@@ -689,10 +689,14 @@ impl Worker {
         if given_back == 0 {
             return;
         }
-        if let Err(e) = self.queue.notify(channel).await {
-            let label = &self.queue.table().table;
-            tracing::debug!(queue = %label, %channel, error = %e, "notifying the other workers of rows given back failed; they find them at their next poll");
-        }
+        // Bounded as giving rows back is: a stop waits no longer than that.
+        let error = match tokio::time::timeout(self.lease, self.queue.notify(channel)).await {
+            Ok(Ok(())) => return,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_string(),
+        };
+        let label = &self.queue.table().table;
+        tracing::debug!(queue = %label, %channel, %error, "notifying the other workers of rows given back failed; they find them at their next poll");
     }
 
     /// Renews the row's lease every third of it. Resolves, with `lost` and
@@ -711,8 +715,13 @@ impl Worker {
         // The claim's own lease runs from no earlier than the claim was
         // sent: the database set its expiry after that.
         let mut until = claimed_at + self.lease;
+        // A claim answered late in its lease (but not past it) is renewed
+        // within half of what is left, not a third of a lease after its
+        // handler started, which could be past the lease's end.
+        let mut wait = every.min(until.saturating_duration_since(Instant::now()) / 2);
         loop {
-            tokio::time::sleep(every).await;
+            tokio::time::sleep(wait).await;
+            wait = every;
             let sent = Instant::now();
             // A renewal still unanswered when the lease runs out (the
             // database or the pool hangs) is a lost lease: another worker

@@ -173,7 +173,7 @@ impl HeartbeatLoop {
                         // A new term. An older one still believed ends with this publish.
                         self.end_term(i, TermEndReason::Lost);
                         Counters::bump(&shared.counters().term_changes);
-                        metrics::counter!(telemetry::TERM_CHANGES, "role" => telemetry::role_label(&meta.name))
+                        metrics::counter!(telemetry::TERM_CHANGES, "role" => shared.metric_label(i))
                             .increment(1);
                         self.roles[i].held = Some(HeldTerm {
                             token,

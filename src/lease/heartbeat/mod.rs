@@ -68,6 +68,9 @@ struct LoopRole {
     state: RoleState,
     /// What the held gauge last said, so it is only set on change.
     gauge_held: Option<bool>,
+    /// A plain role: it has a held gauge of its own (a partition's roles are
+    /// counted per partition, unless every role is to have its series).
+    plain: bool,
     /// Since when the store has shown the role without a live holder.
     free_since: Option<Instant>,
     /// Whether the last full read (or a read of changes since) had a record.
@@ -110,9 +113,12 @@ pub(super) struct HeartbeatLoop {
 impl HeartbeatLoop {
     pub(super) fn new(shared: Arc<LeaseState>) -> Self {
         let now = Instant::now();
+        let in_partition: Vec<std::ops::Range<usize>> = (shared.partitions())
+            .map(|(_, p)| p.first..p.first + p.count as usize)
+            .collect();
         let roles = (0..shared.role_count())
-            .map(|i| shared.role(i))
-            .map(|r| LoopRole {
+            .map(|i| (i, shared.role(i)))
+            .map(|(i, r)| LoopRole {
                 held: None,
                 next_attempt: now,
                 state: RoleState {
@@ -120,6 +126,7 @@ impl HeartbeatLoop {
                     ..RoleState::default()
                 },
                 gauge_held: None,
+                plain: !in_partition.iter().any(|p| p.contains(&i)),
                 free_since: None,
                 recorded: false,
                 lapsed: None,
@@ -505,8 +512,7 @@ impl HeartbeatLoop {
             let held = r.held.is_some();
             // A partition's roles are counted by `record_shares` instead,
             // unless each is to have its own series.
-            let own_series =
-                telemetry::partition_of(&r.state.name).is_none() || telemetry::per_role_metrics();
+            let own_series = r.plain || telemetry::per_role_metrics();
             if own_series && r.gauge_held != Some(held) {
                 r.gauge_held = Some(held);
                 metrics::gauge!(telemetry::LEASE_HELD, "role" => r.state.name.to_string())
