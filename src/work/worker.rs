@@ -576,8 +576,9 @@ impl Worker {
             let outcome = match self.queue.release(id, &lock).await {
                 Ok(true) => {
                     tally.add(|r| r.released += 1);
+                    self.report(id, &lock, attempt, Outcome::Released);
                     self.wake_others(1).await;
-                    Outcome::Released
+                    return;
                 }
                 Ok(false) => {
                     tally.add(|r| r.lost += 1);
