@@ -281,6 +281,18 @@ impl LeaseStore for SqliteStore {
                 tracing::debug!(error = %e, "SQLite checkpoint at stop failed");
             }
             self.pool.close().await;
+            // The pool's connections close at once, each on its own thread,
+            // and each may see another still open and leave the files to
+            // the next opener (seen on a busy machine). One more connection,
+            // closed alone, is the last for certain: it checkpoints and
+            // removes them.
+            use sqlx::{ConnectOptions, Connection};
+            let options = (*self.pool.connect_options()).clone();
+            if let Ok(last) = options.connect().await {
+                if let Err(e) = last.close().await {
+                    tracing::debug!(error = %e, "closing SQLite's last connection at stop failed");
+                }
+            }
         }
         .boxed()
     }
