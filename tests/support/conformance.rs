@@ -771,7 +771,22 @@ pub async fn changes_name_term_changes_and_ending_holders_only(
             .all(|n| c.records.iter().any(|r| r.role == *n))
     };
     let (moved, named) = changes_until(&*store, &names, quiet.cursor, horizon, both).await;
-    assert_eq!(named, ["c1", "c3"]);
+    // c1 and c3 are named; c2 only ever as a repeat, unchanged (a store may
+    // name a record again, never with anything new: PostgreSQL's cursor
+    // stays behind a transaction still open elsewhere, as on a busy server).
+    assert!(
+        named
+            .iter()
+            .all(|n| ["c1", "c2", "c3"].contains(&n.as_str()))
+            && named.iter().any(|n| n == "c1")
+            && named.iter().any(|n| n == "c3"),
+        "{named:?}"
+    );
+    for r in moved.records.iter().filter(|r| r.role == "c2") {
+        let before = first.records.iter().find(|e| e.role == "c2");
+        let same = before.is_some_and(|e| (&e.holder, e.token) == (&r.holder, r.token));
+        assert!(same, "c2 named as changed: {r:?}");
+    }
     let c1 = moved.records.iter().find(|r| r.role == "c1").unwrap();
     assert_eq!(c1.holder, None, "released");
     let c3 = moved.records.iter().find(|r| r.role == "c3").unwrap();
