@@ -424,6 +424,11 @@ impl TunnelWork {
     }
 
     /// Why the term ended (a metric label).
+    /// The `role` label of the metrics of the work's role.
+    pub(crate) fn metric_label(&self) -> String {
+        self.watch.metric_label()
+    }
+
     pub(crate) fn reason(&self) -> &'static str {
         self.watch.reason().map_or("lost", |r| r.as_str())
     }

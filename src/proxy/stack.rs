@@ -282,7 +282,6 @@ async fn run_local<S: Local>(
 ) -> Response<Body> {
     let over = work.over();
     let role = lease.role.clone();
-    let label = work.watch().metric_label();
     // The app's own long work (a WebSocket task, a loop) learns of the
     // term's end from the watch.
     let watch = work.watch().clone();
@@ -296,7 +295,7 @@ async fn run_local<S: Local>(
         resp = inner.serve(req, Some(term)) => from_local(resp),
         _ = over => {
             drop(slot.take());
-            return answer(settings, term_ended(role, label, slot.reason()));
+            return answer(settings, term_ended(role, slot.metric_label(), slot.reason()));
         }
     };
     // The work counts as running until its body has streamed.
