@@ -16,6 +16,8 @@ mod config;
 mod events;
 #[cfg(feature = "gateway")]
 mod gateway;
+#[cfg(any(test, fuzzing))]
+mod http1;
 mod identity;
 pub mod lease;
 #[cfg(feature = "gateway")]
@@ -61,5 +63,6 @@ mod doc_snippets {}
 #[cfg(fuzzing)]
 pub mod fuzzing {
     pub use crate::config::RouteTarget;
+    pub use crate::http1::oracle;
     pub use crate::proxy::{canonical, forward, headers, hop, routes};
 }
