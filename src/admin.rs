@@ -1,7 +1,7 @@
 //! The admin listener: `/healthz`, `/readyz`, `/leases` (JSON), `/metrics`
 //! and `/` (an HTML status page that refreshes itself).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,8 +23,108 @@ pub(crate) struct LeasesView {
     /// Live members as their presence records say (balanced partitions only).
     pub members: Vec<MemberView>,
     pub partitions: Vec<PartitionView>,
+    /// The roles of this listing (one page of it when `limit` was given).
     pub roles: Vec<RoleView>,
+    /// How many roles the listing holds in all, over every page.
+    pub roles_total: usize,
+    /// The cursor of the next page (`after=`), while roles remain.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
+
+/// Partitions with more roles than this are summarised, not listed, by a
+/// `/leases` without parameters (and on the status page).
+pub(crate) const LIST_AT_MOST: u32 = 256;
+
+/// Which roles a `/leases` answer lists: `?role=`, `?partition=`,
+/// `?held_here=true|false`, `?limit=&after=` (a page, after the role the
+/// cursor names), `?full=true` (every role, no summary).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Listing {
+    role: Option<String>,
+    partition: Option<String>,
+    held_here: Option<bool>,
+    limit: Option<usize>,
+    after: Option<String>,
+    full: bool,
+}
+
+impl Listing {
+    /// Reads the query string; an unknown parameter or a bad value is an
+    /// error naming it.
+    pub(crate) fn parse(query: Option<&str>) -> Result<Self, String> {
+        let mut l = Listing::default();
+        for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            let flag = |v: &str| match v {
+                "true" | "1" | "yes" => Ok(true),
+                "false" | "0" | "no" => Ok(false),
+                _ => Err(format!("{k}={v}: expected true or false")),
+            };
+            match &*k {
+                "role" => l.role = Some(v.into_owned()),
+                "partition" => l.partition = Some(v.into_owned()),
+                "held_here" => l.held_here = Some(flag(&v)?),
+                "full" => l.full = flag(&v)?,
+                "after" => l.after = Some(v.into_owned()),
+                "limit" => match v.parse::<usize>() {
+                    Ok(n) if n > 0 => l.limit = Some(n),
+                    _ => return Err(format!("limit={v}: expected a number above 0")),
+                },
+                // Cache busters and the like are harmless.
+                "_" | "v" => {}
+                other => {
+                    return Err(format!(
+                        "unknown parameter {other:?} (known: role, partition, held_here, limit, after, full)"
+                    ))
+                }
+            }
+        }
+        Ok(l)
+    }
+
+    /// No parameter narrows or pages it: large partitions are summarised.
+    fn is_default(&self) -> bool {
+        self.role.is_none()
+            && self.partition.is_none()
+            && self.held_here.is_none()
+            && self.limit.is_none()
+            && self.after.is_none()
+            && !self.full
+    }
+
+    /// The status page lists at most a page at a time.
+    fn paged_for_page(mut self) -> Self {
+        if !self.is_default() && self.limit.is_none() {
+            self.limit = Some(PAGE_ROWS);
+        }
+        self
+    }
+
+    /// This listing with its cursor moved to `after`, as a query string.
+    fn query_after(&self, after: &str) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(r) = &self.role {
+            q.append_pair("role", r);
+        }
+        if let Some(p) = &self.partition {
+            q.append_pair("partition", p);
+        }
+        if let Some(h) = self.held_here {
+            q.append_pair("held_here", if h { "true" } else { "false" });
+        }
+        if self.full {
+            q.append_pair("full", "true");
+        }
+        if let Some(n) = self.limit {
+            q.append_pair("limit", &n.to_string());
+        }
+        q.append_pair("after", after);
+        q.finish()
+    }
+}
+
+/// Rows the status page shows at once.
+const PAGE_ROWS: usize = 500;
 
 #[derive(Serialize)]
 pub(crate) struct MemberView {
@@ -55,6 +155,25 @@ pub(crate) struct PartitionView {
     pub epoch: Option<u64>,
     /// While settling: the time left before the partition is served.
     pub settles_in_ms: Option<u64>,
+    /// Whether this answer lists the partition's roles (a `/leases` without
+    /// parameters summarises partitions of more than 256 roles).
+    pub listed: bool,
+    pub summary: PartitionSummary,
+}
+
+/// A partition's roles counted, as this instance sees them.
+#[derive(Serialize, Default)]
+pub(crate) struct PartitionSummary {
+    /// Held by some live holder (here or elsewhere).
+    pub held: usize,
+    /// With no live holder.
+    pub unheld: usize,
+    /// Being handed over by this instance to their preferred holder.
+    pub handing_over: usize,
+    /// Requests waiting at this gateway for a holder of one of its roles.
+    pub held_requests: usize,
+    /// Roles per live holder id.
+    pub by_holder: BTreeMap<String, usize>,
 }
 
 #[derive(Serialize)]
@@ -89,16 +208,133 @@ pub(crate) struct RoleView {
     pub held_requests: usize,
 }
 
-/// The `/leases` document; `held` counts the requests held per role.
+/// The `/leases` document for `listing`; `held` counts the requests held
+/// per role. An error names what in the listing is wrong.
 pub(crate) fn leases_view(
     c: &Coordinator,
     hops_signed: bool,
     held: &HashMap<Arc<str>, usize>,
-) -> LeasesView {
+    listing: &Listing,
+) -> Result<LeasesView, String> {
     let snap = c.snapshot();
     let now = Instant::now();
     let draining = c.is_draining();
-    LeasesView {
+    let role_view = |r: &crate::lease::RoleState| {
+        let held_here = !draining && r.held_now(now);
+        let (holder, address, valid_for) = if held_here {
+            (
+                Some(c.instance_id().to_string()),
+                Some(c.advertise_address().to_string()),
+                r.held_until
+                    .map(|d| d.saturating_duration_since(now))
+                    .unwrap_or_default(),
+            )
+        } else {
+            match (&r.holder, &r.holder_address, r.holder_valid_until) {
+                (Some(h), Some(a), Some(until)) if until > now => {
+                    (Some(h.to_string()), Some(a.to_string()), until - now)
+                }
+                _ => (None, None, std::time::Duration::ZERO),
+            }
+        };
+        RoleView {
+            preferred: r.preferred.as_deref().map(str::to_string),
+            handing_over: r.handing_over,
+            held_requests: held.get(&r.name).copied().unwrap_or(0),
+            role: r.name.to_string(),
+            held_here,
+            token: r.token,
+            holder,
+            holder_address: address,
+            valid_for_ms: valid_for.as_millis() as u64,
+        }
+    };
+
+    let partitions = c.partitions();
+    let range = |p: &crate::lease::RolePartition| {
+        let first = p.first_index().min(snap.roles.len());
+        first..(first + p.count() as usize).min(snap.roles.len())
+    };
+    // Which roles the listing covers, by index into the snapshot.
+    let mut indices: Vec<usize> = match (&listing.role, &listing.partition) {
+        (Some(role), _) => snap
+            .roles
+            .iter()
+            .position(|r| &*r.name == role.as_str())
+            .into_iter()
+            .collect(),
+        (None, Some(name)) => {
+            let p = partitions
+                .iter()
+                .find(|p| &**p.name() == name.as_str())
+                .ok_or_else(|| format!("partition={name}: no such partition"))?;
+            range(p).collect()
+        }
+        (None, None) => (0..snap.roles.len()).collect(),
+    };
+    if let (Some(name), Some(_)) = (&listing.partition, &listing.role) {
+        // Both given: the role must be one of the partition's.
+        indices.retain(|&i| snap.roles[i].name.starts_with(&format!("{name}:")));
+    }
+    let mut summarised = vec![false; partitions.len()];
+    if listing.is_default() {
+        for (k, p) in partitions.iter().enumerate() {
+            if p.count() > LIST_AT_MOST {
+                summarised[k] = true;
+                let skip = range(p);
+                indices.retain(|i| !skip.contains(i));
+            }
+        }
+    }
+    if let Some(want) = listing.held_here {
+        indices.retain(|&i| (!draining && snap.roles[i].held_now(now)) == want);
+    }
+    let roles_total = indices.len();
+    let start = match &listing.after {
+        Some(after) => {
+            indices
+                .iter()
+                .position(|&i| &*snap.roles[i].name == after.as_str())
+                .ok_or_else(|| {
+                    format!("after={after}: names no role of this listing (start again without it)")
+                })?
+                + 1
+        }
+        None => 0,
+    };
+    let end = listing.limit.map_or(indices.len(), |n| {
+        start.saturating_add(n).min(indices.len())
+    });
+    let next =
+        (end < indices.len() && end > start).then(|| snap.roles[indices[end - 1]].name.to_string());
+    let roles = indices[start..end]
+        .iter()
+        .map(|&i| role_view(&snap.roles[i]))
+        .collect();
+
+    let mut partition_list = partition_views(&snap, &partitions);
+    for (k, (view, p)) in partition_list.iter_mut().zip(&partitions).enumerate() {
+        view.listed = !summarised[k];
+        let summary = &mut view.summary;
+        for r in &snap.roles[range(p)] {
+            let live = if !draining && r.held_now(now) {
+                Some(c.instance_id())
+            } else {
+                r.live_holder(now).map(|(h, _)| &**h)
+            };
+            match live {
+                Some(h) => {
+                    summary.held += 1;
+                    *summary.by_holder.entry(h.to_string()).or_default() += 1;
+                }
+                None => summary.unheld += 1,
+            }
+            summary.handing_over += usize::from(r.handing_over);
+            summary.held_requests += held.get(&r.name).copied().unwrap_or(0);
+        }
+    }
+
+    Ok(LeasesView {
         instance: InstanceView {
             id: c.instance_id().to_string(),
             address: c.advertise_address().to_string(),
@@ -122,47 +358,19 @@ pub(crate) fn leases_view(
                 ),
             })
             .collect(),
-        partitions: partition_views(c, &snap),
-        roles: snap
-            .roles
-            .iter()
-            .map(|r| {
-                let held_here = !draining && r.held_now(now);
-                let (holder, address, valid_for) = if held_here {
-                    (
-                        Some(c.instance_id().to_string()),
-                        Some(c.advertise_address().to_string()),
-                        r.held_until
-                            .map(|d| d.saturating_duration_since(now))
-                            .unwrap_or_default(),
-                    )
-                } else {
-                    match (&r.holder, &r.holder_address, r.holder_valid_until) {
-                        (Some(h), Some(a), Some(until)) if until > now => {
-                            (Some(h.to_string()), Some(a.to_string()), until - now)
-                        }
-                        _ => (None, None, std::time::Duration::ZERO),
-                    }
-                };
-                RoleView {
-                    preferred: r.preferred.as_deref().map(str::to_string),
-                    handing_over: r.handing_over,
-                    held_requests: held.get(&r.name).copied().unwrap_or(0),
-                    role: r.name.to_string(),
-                    held_here,
-                    token: r.token,
-                    holder,
-                    holder_address: address,
-                    valid_for_ms: valid_for.as_millis() as u64,
-                }
-            })
-            .collect(),
-    }
+        partitions: partition_list,
+        roles,
+        roles_total,
+        next,
+    })
 }
 
-fn partition_views(c: &Coordinator, snap: &crate::lease::HolderSnapshot) -> Vec<PartitionView> {
+fn partition_views(
+    snap: &crate::lease::HolderSnapshot,
+    partitions: &[crate::lease::RolePartition],
+) -> Vec<PartitionView> {
     let candidates = snap.members.iter().filter(|m| m.candidate).count();
-    c.partitions()
+    partitions
         .iter()
         .map(|p| {
             let count = p.count() as usize;
@@ -202,6 +410,8 @@ fn partition_views(c: &Coordinator, snap: &crate::lease::HolderSnapshot) -> Vec<
                 recorded,
                 epoch,
                 settles_in_ms: settles_in,
+                listed: true,
+                summary: PartitionSummary::default(),
             }
         })
         .collect()
@@ -216,11 +426,12 @@ struct AdminState {
 }
 
 impl AdminState {
-    fn view(&self) -> LeasesView {
+    fn view(&self, listing: &Listing) -> Result<LeasesView, String> {
         leases_view(
             &self.coordinator,
             self.hops_signed,
             &self.holds.held_by_role(),
+            listing,
         )
     }
 }
@@ -279,15 +490,24 @@ async fn readyz(State(c): State<Coordinator>) -> Response {
     }
 }
 
-async fn leases(State(s): State<AdminState>) -> Response {
-    (
-        [
-            (header::CONTENT_TYPE, "application/json"),
-            (header::CACHE_CONTROL, "no-store"),
-        ],
-        serde_json::to_string(&s.view()).unwrap_or_default(),
-    )
-        .into_response()
+async fn leases(State(s): State<AdminState>, uri: axum::http::Uri) -> Response {
+    let view = Listing::parse(uri.query()).and_then(|l| s.view(&l));
+    match view {
+        Ok(view) => (
+            [
+                (header::CONTENT_TYPE, "application/json"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            serde_json::to_string(&view).unwrap_or_default(),
+        )
+            .into_response(),
+        Err(why) => (
+            StatusCode::BAD_REQUEST,
+            [(header::CONTENT_TYPE, "application/json")],
+            serde_json::json!({ "error": why }).to_string(),
+        )
+            .into_response(),
+    }
 }
 
 fn escape(s: &str) -> String {
@@ -297,8 +517,18 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-async fn status_page(State(s): State<AdminState>) -> Html<String> {
-    let v = s.view();
+async fn status_page(State(s): State<AdminState>, uri: axum::http::Uri) -> Html<String> {
+    let (listing, problem) = match Listing::parse(uri.query()) {
+        Ok(l) => (l.paged_for_page(), None),
+        Err(why) => (Listing::default(), Some(why)),
+    };
+    let (v, listing, problem) = match s.view(&listing) {
+        Ok(v) => (v, listing, problem),
+        Err(why) => match s.view(&Listing::default()) {
+            Ok(v) => (v, Listing::default(), Some(why)),
+            Err(again) => return Html(format!("<p>{}</p>", escape(&again))),
+        },
+    };
     let mut rows = String::new();
     for r in &v.roles {
         rows.push_str(&format!(
@@ -318,8 +548,37 @@ async fn status_page(State(s): State<AdminState>) -> Html<String> {
             waiting = if r.held_requests > 0 { r.held_requests.to_string() } else { String::new() },
         ));
     }
-    let held = v.roles.iter().filter(|r| r.held_here).count();
-    let waiting: usize = v.roles.iter().map(|r| r.held_requests).sum();
+    let (held, total) = {
+        let snap = s.coordinator.snapshot();
+        let now = Instant::now();
+        let held = if v.instance.draining {
+            0
+        } else {
+            snap.roles.iter().filter(|r| r.held_now(now)).count()
+        };
+        (held, snap.roles.len())
+    };
+    let waiting: usize = s.holds.held_by_role().values().sum();
+    let listed = if listing.is_default() {
+        String::new()
+    } else {
+        let next = match &v.next {
+            Some(after) => format!(
+                " · <a href=\"/?{}\">next {} →</a>",
+                escape(&listing.query_after(after)),
+                listing.limit.unwrap_or(PAGE_ROWS)
+            ),
+            None => String::new(),
+        };
+        format!(
+            "<div class=\"meta\">{} of {} matching roles shown{next} · <a href=\"/\">summary</a></div>\n",
+            v.roles.len(),
+            v.roles_total
+        )
+    };
+    let problem = problem
+        .map(|p| format!("<div class=\"meta\"><b>{}</b></div>\n", escape(&p)))
+        .unwrap_or_default();
     Html(format!(
         r#"<!doctype html>
 <html lang="en"><head><meta charset="utf-8">
@@ -335,7 +594,7 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
 </style></head><body>
 <h1>rolegate</h1>
 <div class="meta">instance <b>{id}</b> · {addr} · store {store} · {ready} · candidate: {cand}{drain} · holds {held} of {total} roles{waiting}</div>
-{spread}<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th><th>preferred</th><th>requests held</th></tr></thead>
+{problem}{spread}{search}{listed}<table><thead><tr><th>role</th><th>held here</th><th>holder</th><th>address</th><th>token</th><th>time left</th><th>preferred</th><th>requests held</th></tr></thead>
 <tbody>
 {rows}</tbody></table>
 </body></html>
@@ -358,14 +617,36 @@ tr.here td{{background:#e6f6e6}} tr.none td{{color:#a33}}
         } else {
             ""
         },
-        total = v.roles.len(),
         waiting = if waiting > 0 {
             format!(" · <b>{waiting} requests held</b> waiting for a holder")
         } else {
             String::new()
         },
         spread = spread_html(&v),
+        search = search_form(&v, &listing),
     ))
+}
+
+/// Finds a role, or lists a partition's roles a page at a time.
+fn search_form(v: &LeasesView, listing: &Listing) -> String {
+    let mut options = String::from("<option value=\"\">any</option>");
+    for p in &v.partitions {
+        let selected = if listing.partition.as_deref() == Some(p.name.as_str()) {
+            " selected"
+        } else {
+            ""
+        };
+        options.push_str(&format!("<option{selected}>{}</option>", escape(&p.name)));
+    }
+    let checked = if listing.held_here == Some(true) {
+        " checked"
+    } else {
+        ""
+    };
+    format!(
+        "<form class=\"meta\" method=\"get\" action=\"/\">role <input name=\"role\" value=\"{role}\" placeholder=\"exact name\"> partition <select name=\"partition\">{options}</select> <label><input type=\"checkbox\" name=\"held_here\" value=\"true\"{checked}> held here</label> <button>show</button></form>\n",
+        role = escape(listing.role.as_deref().unwrap_or("")),
+    )
 }
 
 /// Live members and each partition's share, above the role table.
@@ -416,8 +697,37 @@ fn spread_html(v: &LeasesView) -> String {
             ("unread", _) => " · definition not read from the store yet".to_string(),
             _ => String::new(),
         };
+        let holders: Vec<String> = p
+            .summary
+            .by_holder
+            .iter()
+            .map(|(h, n)| format!("{} {n}", escape(h)))
+            .collect();
+        let counts = format!(
+            " · held {} ({}), no holder {}{}",
+            p.summary.held,
+            if holders.is_empty() {
+                "none".to_string()
+            } else {
+                holders.join(", ")
+            },
+            p.summary.unheld,
+            if p.summary.held_requests > 0 {
+                format!(" · <b>{} requests held</b>", p.summary.held_requests)
+            } else {
+                String::new()
+            }
+        );
+        let list = if p.listed {
+            String::new()
+        } else {
+            format!(
+                " · <a href=\"/?partition={}\">list its roles</a>",
+                escape(&form_urlencoded::byte_serialize(p.name.as_bytes()).collect::<String>())
+            )
+        };
         out.push_str(&format!(
-            "<div class=\"meta\">partition <b>{}</b>: {} of {} held here{share}{standing}</div>\n",
+            "<div class=\"meta\">partition <b>{}</b>: {} of {} held here{share}{counts}{standing}{list}</div>\n",
             escape(&p.name),
             p.held_here,
             p.count

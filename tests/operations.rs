@@ -599,6 +599,9 @@ async fn series_with_a_huge_partition(per_role: bool) -> (usize, usize) {
         || async { metrics(&gw).await.get(held).copied() == Some(65536.0) },
     )
     .await;
+    if !per_role {
+        leases_page_through_a_huge_partition(&gw).await;
+    }
     let m = metrics(&gw).await;
     let roles_held_here = m
         .keys()
@@ -613,6 +616,87 @@ async fn series_with_a_huge_partition(per_role: bool) -> (usize, usize) {
         assert_eq!((by_partition, of_one_role), (Some(&65536.0), None));
     }
     (m.len(), roles_held_here)
+}
+
+async fn leases_json(gw: &GatewayProcess, query: &str) -> (StatusCode, usize, serde_json::Value) {
+    let (status, _, body) = cluster::get(&format!("{}/leases{query}", gw.admin_url()))
+        .await
+        .unwrap();
+    let json = serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+    (status, body.len(), json)
+}
+
+/// `/leases` of a 65,536-role partition: a summary by default (it was
+/// 11.9 MB), every role one cursor-paged query away, and a status page that
+/// stays small.
+async fn leases_page_through_a_huge_partition(gw: &GatewayProcess) {
+    let (status, size, v) = leases_json(gw, "").await;
+    assert_eq!(status, StatusCode::OK);
+    eprintln!("figures: /leases with a 65,536-role partition: {size} bytes");
+    assert!(size <= 64 * 1024, "{size} bytes");
+    let p = &v["partitions"][0];
+    assert_eq!(p["listed"], false, "{p}");
+    assert_eq!(p["summary"]["held"], 65_536, "{p}");
+    assert_eq!(p["summary"]["unheld"], 0, "{p}");
+    let id = v["instance"]["id"].as_str().unwrap();
+    assert_eq!(p["summary"]["by_holder"][id], 65_536, "{p}");
+    assert_eq!(v["roles_total"], 1);
+    assert_eq!(v["roles"][0]["role"], "maintenance");
+
+    let mut seen = std::collections::HashSet::new();
+    let mut pages = 0;
+    let mut query = "?partition=tenants&limit=5000".to_string();
+    loop {
+        let (status, _, v) = leases_json(gw, &query).await;
+        assert_eq!(status, StatusCode::OK, "{query}: {v}");
+        assert_eq!(v["roles_total"], 65_536);
+        for r in v["roles"].as_array().unwrap() {
+            let name = r["role"].as_str().unwrap().to_string();
+            assert!(name.starts_with("tenants:partition-"), "{name}");
+            assert_eq!(r["held_here"], true, "{r}");
+            assert!(seen.insert(name.clone()), "{name} listed twice");
+        }
+        pages += 1;
+        match v["next"].as_str() {
+            Some(next) => query = format!("?partition=tenants&limit=5000&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!((seen.len(), pages), (65_536, 14));
+
+    let (_, _, one) = leases_json(gw, "?role=tenants:partition-7").await;
+    assert_eq!(one["roles_total"], 1);
+    assert_eq!(one["roles"][0]["role"], "tenants:partition-7");
+    let (_, _, none) = leases_json(gw, "?partition=tenants&held_here=false").await;
+    assert_eq!(none["roles_total"], 0, "{none}");
+    for bad in [
+        "?limit=0",
+        "?partition=nope",
+        "?partition=tenants&after=nope",
+        "?colour=red",
+    ] {
+        let (status, _, v) = leases_json(gw, bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+        assert!(v["error"].is_string(), "{bad}: {v}");
+    }
+
+    let page = |q: &'static str| async move {
+        let (status, _, body) = cluster::get(&format!("{}/{q}", gw.admin_url()))
+            .await
+            .unwrap();
+        assert_eq!(status, StatusCode::OK);
+        String::from_utf8(body.to_vec()).unwrap()
+    };
+    let summary = page("").await;
+    eprintln!("figures: status page summary: {} bytes", summary.len());
+    assert!(summary.len() <= 64 * 1024, "{} bytes", summary.len());
+    assert!(summary.contains("list its roles"), "{summary}");
+    assert!(summary.contains("<td>maintenance</td>"), "{summary}");
+    let listed = page("?partition=tenants").await;
+    assert_eq!(listed.matches("<td>tenants:partition-").count(), 500);
+    assert!(listed.contains("next 500"), "no next link");
+    let found = page("?role=tenants:partition-65535").await;
+    assert_eq!(found.matches("<td>tenants:partition-").count(), 1);
 }
 
 /// A gateway holding a 65,536-role partition exposes a bounded number of

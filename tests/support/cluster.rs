@@ -804,8 +804,10 @@ impl GatewayProcess {
                     return;
                 }
             }
-            if start.elapsed() > Duration::from_secs(15) {
-                panic!("gateway {} not ready in 15s; log:\n{}", self.n, self.log());
+            // Room for a loaded machine: a debug build readying 65,536
+            // roles beside a compiler took over 15 s.
+            if start.elapsed() > Duration::from_secs(60) {
+                panic!("gateway {} not ready in 60s; log:\n{}", self.n, self.log());
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
