@@ -714,3 +714,114 @@ async fn a_huge_partition_keeps_the_metrics_series_bounded() {
     assert_eq!(per_role_gauges, 65_537);
     assert!(series > 65_536, "{series} series");
 }
+
+/// The access log lines of a gateway's log (its stderr), parsed.
+fn access_lines(gw: &GatewayProcess) -> Vec<serde_json::Value> {
+    gw.log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v.get("decision").is_some())
+        .collect()
+}
+
+/// `telemetry.access_log` writes one line per request once its response has
+/// streamed: what was asked, the route and decision, status, bytes, time,
+/// the trace id of a `traceparent`, and the client; in JSON or the common
+/// log format.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_access_log_writes_one_line_per_request() {
+    let dir = support::test_dir("access_log");
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let json = ClusterSpec::store("sqlite", &url, "access")
+        .with_extra("telemetry:\n  access_log:\n    format: json\n    to: stderr\n");
+    let app = TestApp::start(0).await;
+    let gw = GatewayProcess::start(0, &json, &app).await;
+    support::wait_for_async("gw holds maintenance", Duration::from_secs(30), || async {
+        gw.held().await["maintenance"].0
+    })
+    .await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let local = Request::get(format!("{}/maintenance/run?x=1", gw.url()))
+        .header("traceparent", format!("00-{trace}-00f067aa0ba902b7-01"))
+        .body(Body::empty())
+        .unwrap();
+    // The test app answers 201.
+    let (status, _, local_body) = cluster::request(local).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = cluster::get(&format!("{}/plain", gw.url())).await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = cluster::get(&format!("{}/device-api/x", gw.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::BAD_REQUEST, "no key");
+    support::wait_for_async("three access lines", Duration::from_secs(30), || async {
+        access_lines(&gw).len() >= 3
+    })
+    .await;
+    let lines = access_lines(&gw);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    let run = &lines[0];
+    assert_eq!(run["method"], "GET");
+    assert_eq!(run["path"], "/maintenance/run?x=1");
+    assert_eq!(run["route"], "maintenance");
+    assert_eq!(run["decision"], "local");
+    assert_eq!(run["status"], 201);
+    assert_eq!(run["bytes"], local_body.len());
+    assert_eq!(run["trace_id"], trace);
+    assert!(
+        run["client"].as_str().unwrap().starts_with("127.0.0.1:"),
+        "{run}"
+    );
+    assert!(run["duration_ms"].as_f64().unwrap() >= 0.0);
+    assert!(run["time"].as_str().unwrap().ends_with('Z'), "{run}");
+    assert_eq!(
+        (
+            &lines[1]["route"],
+            &lines[1]["decision"],
+            &lines[1]["trace_id"]
+        ),
+        (
+            &serde_json::Value::Null,
+            &serde_json::json!("passthrough"),
+            &serde_json::Value::Null
+        )
+    );
+    assert_eq!(
+        (
+            &lines[2]["route"],
+            &lines[2]["decision"],
+            &lines[2]["status"]
+        ),
+        (
+            &serde_json::json!("devices"),
+            &serde_json::json!("missing-key"),
+            &serde_json::json!(400)
+        )
+    );
+    drop(gw);
+
+    let common = ClusterSpec::store("sqlite", &url, "access_common")
+        .with_extra("telemetry:\n  access_log:\n    format: common\n    to: stderr\n");
+    let gw = GatewayProcess::start(1, &common, &app).await;
+    let (status, _, body) = cluster::get(&format!("{}/plain?a=%22b", gw.url()))
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let line = || {
+        gw.log()
+            .lines()
+            .find(|l| l.starts_with("127.0.0.1 - - ["))
+            .map(str::to_string)
+    };
+    support::wait_for_async("a common log line", Duration::from_secs(30), || async {
+        line().is_some()
+    })
+    .await;
+    let line = line().unwrap();
+    let expected = format!(
+        "\"GET /plain?a=%22b HTTP/1.1\" 201 {} \"-\" passthrough ",
+        body.len()
+    );
+    assert!(line.contains(&expected), "{line}\nlacks {expected}");
+    assert!(line.ends_with(" -"), "no trace id: {line}");
+}

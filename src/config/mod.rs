@@ -247,13 +247,50 @@ impl Default for ShutdownConfig {
     }
 }
 
-/// The `telemetry` section: what `/metrics` exposes.
+/// The `telemetry` section: what `/metrics` exposes, and the access log.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryConfig {
     /// One series per role of a partition (`rolegate_lease_held`, the
     /// `role` label of the counters) instead of one per partition.
     pub per_role_metrics: bool,
+    /// One line per request, when set (off by default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<AccessLogConfig>,
+}
+
+/// `telemetry.access_log`: one line per request, written once its response
+/// has streamed (or the client left).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AccessLogConfig {
+    /// `json` (default) or `common`.
+    pub format: AccessLogFormat,
+    /// `stdout` (default) or `stderr`.
+    pub to: AccessLogTo,
+}
+
+/// How access log lines are written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogFormat {
+    /// One JSON object per line.
+    #[default]
+    Json,
+    /// The common log format, with route, decision, duration and trace id
+    /// after it.
+    Common,
+}
+
+/// Where access log lines go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLogTo {
+    /// The process's standard output.
+    #[default]
+    Stdout,
+    /// The process's standard error (beside the log).
+    Stderr,
 }
 
 /// What a route is gated by.

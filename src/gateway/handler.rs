@@ -17,6 +17,7 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tower::ServiceExt;
 
+use super::access_log::AccessLog;
 use super::refuse::Refuse;
 use super::upstream::Upstream;
 use super::GatewayError;
@@ -37,6 +38,8 @@ use crate::telemetry::{self, TrackedBody};
 /// The request path, shared by all connections.
 pub(crate) struct GatewayState {
     stack: Refuse<Route<Gate<Upstream>>>,
+    /// `telemetry.access_log`, with the routes it names requests by.
+    access: Option<(AccessLog, Arc<Routes>)>,
 }
 
 impl GatewayState {
@@ -47,6 +50,7 @@ impl GatewayState {
         forwarder: Forwarder,
         holds: Arc<Holds>,
         events: Option<Arc<EventLog>>,
+        access: Option<AccessLog>,
     ) -> Result<Self, GatewayError> {
         let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
         for r in &config.routes {
@@ -96,9 +100,13 @@ impl GatewayState {
             events,
         );
         let gate = Gate::new(settings.clone(), Edge::Gateway, app);
-        let route = Route::new(Arc::new(Routes::Table(routes)), settings.clone(), gate);
+        let routes = Arc::new(Routes::Table(routes));
+        let route = Route::new(routes.clone(), settings.clone(), gate);
         let stack = Refuse::new(settings, config.peers.require_client_cert, route);
-        Ok(Self { stack })
+        Ok(Self {
+            stack,
+            access: access.map(|log| (log, routes)),
+        })
     }
 
     /// Answers one request.
@@ -109,6 +117,10 @@ impl GatewayState {
     ) -> Response<Body> {
         let mut req = req.map(Body::new);
         let grpc = is_grpc(req.headers());
+        let entry = self.access.as_ref().map(|(log, routes)| {
+            let route = routes.target_name(req.uri().path());
+            log.begin(&req, conn.client, route)
+        });
         let extensions = req.extensions_mut();
         extensions.insert(conn);
         if conn.tls {
@@ -124,19 +136,24 @@ impl GatewayState {
         // Every service that answers marks how the request ended.
         let outcome = resp.extensions_mut().remove::<Outcome>();
         debug_assert!(outcome.is_some(), "an answer without its outcome");
-        finish(grpc, resp, outcome.unwrap_or(Outcome::Passthrough))
+        let outcome = outcome.unwrap_or(Outcome::Passthrough);
+        let label = match outcome {
+            Outcome::Local => "local",
+            Outcome::Forwarded => "forwarded",
+            Outcome::Passthrough => "passthrough",
+            Outcome::Rejected(r) => r.as_str(),
+        };
+        let resp = finish(grpc, resp, outcome, label);
+        match entry {
+            Some(entry) => entry.finish(label, resp),
+            None => resp,
+        }
     }
 }
 
 /// Counts the outcome and tracks the body while it streams (local work was
 /// wrapped by the gate: it counts until its body has streamed).
-fn finish(grpc: bool, resp: Response<Body>, outcome: Outcome) -> Response<Body> {
-    let label = match outcome {
-        Outcome::Local => "local",
-        Outcome::Forwarded => "forwarded",
-        Outcome::Passthrough => "passthrough",
-        Outcome::Rejected(r) => r.as_str(),
-    };
+fn finish(grpc: bool, resp: Response<Body>, outcome: Outcome, label: &str) -> Response<Body> {
     telemetry::request_metrics().count(label);
     // A gRPC client gets the gateway's own refusals as a gRPC status.
     let resp = match outcome {

@@ -3,6 +3,7 @@
 //! release. The request handler (`handler.rs`), the accept loop
 //! (`server.rs`) and the health probe (`health.rs`) live beside it.
 
+mod access_log;
 mod advertise;
 mod handler;
 mod health;
@@ -28,6 +29,7 @@ use crate::proxy::hold::Holds;
 use crate::proxy::{ForwardError, Forwarder};
 use crate::store::{LeaseStore, StoreError};
 use crate::telemetry;
+use access_log::AccessLog;
 use handler::GatewayState;
 use server::{ConnectionTracker, ServeLimits};
 use workers::Workers;
@@ -64,6 +66,9 @@ pub(crate) enum GatewayError {
     /// A certificate, key or CA file of `tls` or `peers` is unusable.
     #[error("cannot set up TLS")]
     Tls(#[from] crate::tls::TlsError),
+    /// The access log's writer thread could not start.
+    #[error("cannot start the access log")]
+    AccessLog(#[source] std::io::Error),
 }
 
 impl GatewayError {
@@ -76,7 +81,9 @@ impl GatewayError {
             | GatewayError::NotRegistered(_)
             | GatewayError::Coordinator(_)
             | GatewayError::Tls(_) => true,
-            GatewayError::Listen { .. } | GatewayError::Client(_) => false,
+            GatewayError::Listen { .. } | GatewayError::Client(_) | GatewayError::AccessLog(_) => {
+                false
+            }
         }
     }
 }
@@ -209,10 +216,21 @@ fn worker_states(
     events: &Option<Arc<EventLog>>,
     workers: usize,
 ) -> Result<Vec<Arc<GatewayState>>, GatewayError> {
+    let access = match &config.telemetry.access_log {
+        Some(c) => Some(AccessLog::start(c).map_err(GatewayError::AccessLog)?),
+        None => None,
+    };
     (0..workers)
         .map(|_| {
             let f = forwarder(config)?;
-            let state = GatewayState::new(config, coordinator, f, holds.clone(), events.clone())?;
+            let state = GatewayState::new(
+                config,
+                coordinator,
+                f,
+                holds.clone(),
+                events.clone(),
+                access.clone(),
+            )?;
             Ok(Arc::new(state))
         })
         .collect()

@@ -101,6 +101,15 @@ impl GateTarget {
         }
     }
 
+    /// The role's or the partition's name.
+    #[cfg(feature = "gateway")]
+    pub(crate) fn name(&self) -> Arc<str> {
+        match self {
+            GateTarget::Role(lease) => lease.name().clone(),
+            GateTarget::Partition { partition, .. } => partition.name().clone(),
+        }
+    }
+
     fn partition_name(&self) -> Option<Arc<str>> {
         match self {
             GateTarget::Role(_) => None,

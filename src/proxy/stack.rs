@@ -92,6 +92,12 @@ pub(crate) enum Routes {
 impl Routes {
     /// The target gating `path`, if any; a path that cannot be read safely
     /// (or, for the gateway, whose readings route differently) is refused.
+    /// The role or partition gating `path`, if any (for the access log).
+    #[cfg(feature = "gateway")]
+    pub(crate) fn target_name(&self, path: &str) -> Option<Arc<str>> {
+        self.find(path).ok().flatten().map(|t| t.name())
+    }
+
     fn find(&self, path: &str) -> Result<Option<Arc<GateTarget>>, Problem> {
         match self {
             Routes::Table(table) => match table.find(path) {
