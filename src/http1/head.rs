@@ -72,14 +72,22 @@ pub(crate) enum HeadError {
     /// A response status outside 100..=999 (no status answers it: the
     /// upstream answer is unusable).
     Status,
+    /// The HTTP/2 connection preface where an HTTP/1 head should be: the
+    /// connection is closed without an answer, as hyper closes it.
+    Http2Preface,
 }
 
+/// What an HTTP/2 client sends first.
+pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 impl HeadError {
-    /// The status a client is answered with (hyper's automatic answer).
-    pub(crate) fn status(self) -> u16 {
+    /// The status a client is answered with (hyper's automatic answer), or
+    /// None when the connection is closed without one.
+    pub(crate) fn status(self) -> Option<u16> {
         match self {
-            HeadError::Malformed(_) | HeadError::Status => 400,
-            HeadError::TooLarge => 431,
+            HeadError::Malformed(_) | HeadError::Status => Some(400),
+            HeadError::TooLarge => Some(431),
+            HeadError::Http2Preface => None,
         }
     }
 }
@@ -191,11 +199,13 @@ pub(crate) fn parse_request<'h, 'b>(
     slots: &'h mut [MaybeUninit<Header<'b>>],
 ) -> Result<Parsed<Request<'h, 'b>>, HeadError> {
     let mut req = httparse::Request::new(&mut []);
-    let len = match httparse::ParserConfig::default()
-        .parse_request_with_uninit_headers(&mut req, buf, slots)?
-    {
-        httparse::Status::Complete(len) => len,
-        httparse::Status::Partial => return Ok(Parsed::Partial),
+    let parsed =
+        httparse::ParserConfig::default().parse_request_with_uninit_headers(&mut req, buf, slots);
+    let len = match parsed {
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
+        Err(_) if buf.starts_with(H2_PREFACE) => return Err(HeadError::Http2Preface),
+        Err(e) => return Err(e.into()),
     };
     let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Malformed("incomplete request line"));
@@ -607,13 +617,13 @@ mod tests {
         ];
         for (raw, status) in cases {
             match request(raw) {
-                Err(e) => assert_eq!(e.status(), status, "{}", String::from_utf8_lossy(raw)),
+                Err(e) => assert_eq!(e.status(), Some(status), "{}", String::from_utf8_lossy(raw)),
                 Ok(p) => panic!("{} accepted: {p:?}", String::from_utf8_lossy(raw)),
             }
         }
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: v\r\n")).collect();
         let raw = format!("GET / HTTP/1.1\r\n{many}\r\n");
-        assert_eq!(request(raw.as_bytes()).unwrap_err().status(), 431);
+        assert_eq!(request(raw.as_bytes()).unwrap_err().status(), Some(431));
     }
 
     #[test]

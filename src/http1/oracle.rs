@@ -82,7 +82,10 @@ pub fn codec_requests(input: &[u8]) -> Account {
                 return account(messages, End::Refused(431))
             }
             Ok(Parsed::Partial) => return account(messages, End::Closed),
-            Err(e) => return account(messages, End::Refused(e.status())),
+            Err(e) => match e.status() {
+                Some(status) => return account(messages, End::Refused(status)),
+                None => return account(messages, End::Closed),
+            },
         };
         let fields = grouped(head.fields().map(|h| (h.name, h.value)));
         let (body, used) = read_body(&rest[head.len..], head.framing);
@@ -559,6 +562,16 @@ mod tests {
                 String::from_utf8_lossy(&input)
             );
         }
+    }
+
+    /// Found by the fuzz target: hyper closes, unanswered, a connection
+    /// whose next head is the HTTP/2 preface.
+    #[test]
+    fn an_http2_preface_after_a_request_closes_unanswered() {
+        let input = b"GET / HTTP/1.1\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let codec = codec_requests(input);
+        assert_eq!(codec, hyper_requests(input));
+        assert_eq!((codec.messages.len(), codec.end), (1, End::Closed));
     }
 
     #[test]
