@@ -204,16 +204,15 @@ pub(crate) fn parse_request<'h, 'b>(
     let len = match parsed {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) => return Ok(Parsed::Partial),
-        Err(_) if buf.starts_with(H2_PREFACE) => return Err(HeadError::Http2Preface),
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(refused(buf, e.into())),
     };
     let (Some(method), Some(target), Some(minor)) = (req.method, req.path, req.version) else {
         return Err(HeadError::Malformed("incomplete request line"));
     };
     let headers: &'h [Header<'b>] = req.headers;
-    check_names(headers)?;
+    check_names(headers).map_err(|e| refused(buf, e))?;
     if !is_method(method) {
-        return Err(HeadError::Malformed("invalid method"));
+        return Err(refused(buf, HeadError::Malformed("invalid method")));
     }
     if method == "CONNECT" {
         return Ok(Parsed::Complete(Request::Decline(Decline::Connect)));
@@ -221,6 +220,36 @@ pub(crate) fn parse_request<'h, 'b>(
     if !target.starts_with('/') {
         return Ok(Parsed::Complete(Request::Decline(Decline::NotOriginForm)));
     }
+    // hyper has taken the head off its buffer by the time it settles it.
+    settle(len, method, target, minor, headers)
+        .map(|head| Parsed::Complete(Request::Head(head)))
+        .map_err(|e| refused(&buf[len..], e))
+}
+
+/// A refused request head as hyper answers it: it drops the CR and LF
+/// bytes at the front of what it has not taken off its buffer (`rest`), and
+/// closes the connection unanswered when the HTTP/2 preface follows.
+fn refused(rest: &[u8], e: HeadError) -> HeadError {
+    let lines = rest
+        .iter()
+        .take_while(|&&b| b == b'\r' || b == b'\n')
+        .count();
+    if rest[lines..].starts_with(H2_PREFACE) {
+        HeadError::Http2Preface
+    } else {
+        e
+    }
+}
+
+/// The checks hyper makes once it has taken a request head off its buffer:
+/// the target, and the framing fields.
+fn settle<'h, 'b>(
+    len: usize,
+    method: &'b str,
+    target: &'b str,
+    minor: u8,
+    headers: &'h [Header<'b>],
+) -> Result<RequestHead<'h, 'b>, HeadError> {
     let path_and_query = origin_form(target)?;
     let version = Version::from_minor(minor);
     let http11 = version == Version::Http11;
@@ -290,7 +319,7 @@ pub(crate) fn parse_request<'h, 'b>(
     if framing == Framing::Length(0) {
         framing = Framing::Empty;
     }
-    Ok(Parsed::Complete(Request::Head(RequestHead {
+    Ok(RequestHead {
         len,
         method,
         target,
@@ -302,7 +331,7 @@ pub(crate) fn parse_request<'h, 'b>(
         expect_continue,
         wants_upgrade,
         length_ignored,
-    })))
+    })
 }
 
 /// A response head, borrowed from the buffer it was read into.

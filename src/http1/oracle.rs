@@ -572,6 +572,17 @@ mod tests {
         let codec = codec_requests(input);
         assert_eq!(codec, hyper_requests(input));
         assert_eq!((codec.messages.len(), codec.end), (1, End::Closed));
+        // Also when the head before it is refused once read: no 400.
+        let input =
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\nPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let codec = codec_requests(input);
+        assert_eq!(codec, hyper_requests(input));
+        assert_eq!((codec.messages.len(), codec.end), (0, End::Closed));
+        // And after blank lines, which hyper drops first.
+        let input = b"\r\n\n\rPRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let codec = codec_requests(input);
+        assert_eq!(codec, hyper_requests(input));
+        assert_eq!(codec.end, End::Closed);
     }
 
     #[test]
