@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::chunked::Decoder;
 use super::head::{
-    header_slots, parse_request, parse_response, Asked, Framing, Parsed, Request, Response, Version,
+    header_slots, parse_request, parse_response, Asked, Framing, Parsed, Request, Response,
 };
 use super::{MAX_REQUEST_HEAD, MAX_RESPONSE_HEAD};
 
@@ -98,9 +98,7 @@ pub fn codec_requests(input: &[u8]) -> Account {
         if body.is_none() {
             return account(messages, End::BadBody);
         }
-        // The oracle's answers carry no `Connection` field, and hyper closes
-        // after answering HTTP/1.0 so (the request path does the same).
-        if !head.keep_alive || head.version == Version::Http10 {
+        if !head.keep_alive {
             return account(messages, End::Closed);
         }
         rest = &rest[head.len + used..];
@@ -236,7 +234,11 @@ pub fn hyper_requests(input: &[u8]) -> Account {
     let written = written.lock().map(|w| w.clone()).unwrap_or_default();
     let refused = written
         .split(|&b| b == b'\n')
-        .filter_map(|line| line.strip_prefix(b"HTTP/1.1 "))
+        // hyper answers an HTTP/1.0 connection in HTTP/1.0.
+        .filter_map(|line| {
+            line.strip_prefix(b"HTTP/1.1 ")
+                .or_else(|| line.strip_prefix(b"HTTP/1.0 "))
+        })
         .filter_map(|rest| {
             std::str::from_utf8(rest.get(..3)?)
                 .ok()?
