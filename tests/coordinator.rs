@@ -879,3 +879,154 @@ async fn a_role_handle_keeps_its_coordinator_running() {
     .await;
     assert!(role.is_held(), "the handle's coordinator stopped");
 }
+
+/// One cycle of `RoleLease::every`, as the cycle itself saw it.
+#[derive(Debug, Clone)]
+struct Cycle {
+    instance: String,
+    token: u64,
+    start: std::time::Instant,
+    end: Option<std::time::Instant>,
+    finished: bool,
+}
+
+/// Records a cycle's end when its future is dropped (finished or cut).
+struct CycleEnd {
+    log: Arc<Mutex<Vec<Cycle>>>,
+    at: usize,
+}
+
+impl Drop for CycleEnd {
+    fn drop(&mut self) {
+        self.log.lock().unwrap()[self.at].end = Some(std::time::Instant::now());
+    }
+}
+
+fn run_every(c: &Coordinator, log: &Arc<Mutex<Vec<Cycle>>>, cycle: Duration) {
+    let role = c.role("role-0").unwrap();
+    let instance = c.instance_id().to_string();
+    let log = log.clone();
+    tokio::spawn(async move {
+        role.every(Duration::from_millis(50), move |lease, _watch| {
+            let log = log.clone();
+            let instance = instance.clone();
+            async move {
+                let at = {
+                    let mut l = log.lock().unwrap();
+                    l.push(Cycle {
+                        instance,
+                        token: lease.token,
+                        start: std::time::Instant::now(),
+                        end: None,
+                        finished: false,
+                    });
+                    l.len() - 1
+                };
+                let _end = CycleEnd {
+                    log: log.clone(),
+                    at,
+                };
+                tokio::time::sleep(cycle).await;
+                log.lock().unwrap()[at].finished = true;
+            }
+        })
+        .await
+    });
+}
+
+/// `RoleLease::every` runs its cycle only on the holder, with the holder's
+/// token; a graceful stop lets the running cycle finish before the role
+/// moves, a crash cuts it at the term's trust deadline; no two cycles ever
+/// overlap, and cycles go on at the new holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_runs_on_the_holder_only_and_never_overlaps_across_moves() {
+    let store = sqlite().await;
+    let names = roles(1);
+    let events = EventLog::default();
+    let log = Arc::new(Mutex::new(Vec::<Cycle>::new()));
+    let cycles_of = |id: &str| {
+        log.lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.instance == id && c.finished)
+            .count()
+    };
+    let a = start(&store, &names, &events, 0);
+    support::wait_for("a holds", Duration::from_secs(5), || {
+        a.role("role-0").unwrap().is_held()
+    })
+    .await;
+    let b = start(&store, &names, &events, 1);
+    let c = start(&store, &names, &events, 2);
+    for x in [&a, &b, &c] {
+        run_every(x, &log, Duration::from_millis(120));
+    }
+    let a_id = a.instance_id().to_string();
+    support::wait_for("a ran cycles", Duration::from_secs(10), || {
+        cycles_of(&a_id) >= 3
+    })
+    .await;
+    // A graceful stop: the cycle in hand finishes, then the role moves.
+    a.shutdown().await;
+    let next = |cs: [&Coordinator; 2]| {
+        let held: Vec<_> = cs
+            .into_iter()
+            .filter(|x| x.role("role-0").unwrap().is_held())
+            .collect();
+        held.first().map(|x| x.instance_id().to_string())
+    };
+    support::wait_for("b or c holds", Duration::from_secs(10), || {
+        next([&b, &c]).is_some()
+    })
+    .await;
+    let second = next([&b, &c]).unwrap();
+    support::wait_for("the new holder ran cycles", Duration::from_secs(10), || {
+        cycles_of(&second) >= 3
+    })
+    .await;
+    // A crash of the new holder mid-cycle: its cycle is cut at the deadline.
+    let (crashed, survivor) = if b.instance_id().as_ref() == second {
+        (&b, &c)
+    } else {
+        (&c, &b)
+    };
+    crashed.abort();
+    let third = survivor.instance_id().to_string();
+    support::wait_for("the survivor ran cycles", Duration::from_secs(10), || {
+        cycles_of(&third) >= 3
+    })
+    .await;
+    survivor.shutdown().await;
+
+    let cycles = log.lock().unwrap().clone();
+    let mut ends: Vec<&Cycle> = cycles.iter().collect();
+    ends.sort_by_key(|c| c.start);
+    for pair in ends.windows(2) {
+        let end = pair[0].end.expect("every cycle ended");
+        assert!(
+            end <= pair[1].start,
+            "cycles overlap: {:?} then {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    // Each instance's cycles carry the tokens of its terms, in order.
+    let tokens = |id: &str| -> Vec<u64> {
+        cycles
+            .iter()
+            .filter(|c| c.instance == id)
+            .map(|c| c.token)
+            .collect()
+    };
+    let (ta, t2, t3) = (tokens(&a_id), tokens(&second), tokens(&third));
+    assert!(ta.iter().max() < t2.iter().min(), "{ta:?} {t2:?}");
+    assert!(t2.iter().max() < t3.iter().min(), "{t2:?} {t3:?}");
+    // The graceful stop let a's last cycle finish.
+    assert!(
+        cycles
+            .iter()
+            .filter(|c| c.instance == a_id)
+            .all(|c| c.finished),
+        "{cycles:#?}"
+    );
+}

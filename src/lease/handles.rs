@@ -148,6 +148,54 @@ impl RoleLease {
         self.shared.subscribe_published()
     }
 
+    /// Runs `cycle` once per `interval` on whichever instance holds the role:
+    /// a maintenance loop only the holder runs.
+    ///
+    /// Each cycle is gated: it starts only if the role is held here at that
+    /// moment, and gets the term's [`HeldLease`] (its fencing token) and a
+    /// [`TermWatch`]. It runs as local work, so a graceful handover of the
+    /// role waits for it (up to the drain bound) before another instance may
+    /// take the role; when the term is over (lost, past its trust deadline,
+    /// or the drain bound passed) the cycle's future is dropped, so it never
+    /// overlaps a cycle of the next holder. A cycle that runs longer than
+    /// `interval` delays the next one; missed ticks are skipped. Not held
+    /// here, it waits for the role without polling the store. Returns when
+    /// the coordinator stops.
+    pub async fn every<F, Fut>(&self, interval: std::time::Duration, mut cycle: F)
+    where
+        F: FnMut(HeldLease, TermWatch) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut published = self.subscribe_published();
+        let mut ticks = tokio::time::interval(interval.max(std::time::Duration::from_millis(1)));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            if self.shared.is_stopping() {
+                return;
+            }
+            if !self.is_held() {
+                // Wait for the next snapshot (or its sender's end).
+                if published.changed().await.is_err() {
+                    return;
+                }
+                continue;
+            }
+            // Waits without counting as local work: a handover is not held
+            // up by a cycle that has not started.
+            ticks.tick().await;
+            let Some((lease, work)) = self.begin_local() else {
+                continue;
+            };
+            let watch = work.watch().clone();
+            let over = watch.over();
+            tokio::select! {
+                _ = cycle(lease, watch) => {}
+                _ = over => {}
+            }
+            drop(work);
+        }
+    }
+
     /// `Some(the last store error, if any)` while this instance has not read
     /// the lease store yet (no holder can be known).
     pub fn store_unread(&self) -> Option<Option<Arc<str>>> {
