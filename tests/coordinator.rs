@@ -985,7 +985,7 @@ async fn every_runs_on_the_holder_only_and_never_overlaps_across_moves() {
     })
     .await;
     // A crash of the new holder mid-cycle: its cycle is cut at the deadline.
-    let (crashed, survivor) = if b.instance_id().as_ref() == second {
+    let (crashed, survivor) = if b.instance_id() == second {
         (&b, &c)
     } else {
         (&c, &b)
