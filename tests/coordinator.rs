@@ -902,7 +902,11 @@ impl Drop for CycleEnd {
     }
 }
 
-fn run_every(c: &Coordinator, log: &Arc<Mutex<Vec<Cycle>>>, cycle: Duration) {
+fn run_every(
+    c: &Coordinator,
+    log: &Arc<Mutex<Vec<Cycle>>>,
+    cycle: Duration,
+) -> tokio::task::JoinHandle<()> {
     let role = c.role("role-0").unwrap();
     let instance = c.instance_id().to_string();
     let log = log.clone();
@@ -931,7 +935,7 @@ fn run_every(c: &Coordinator, log: &Arc<Mutex<Vec<Cycle>>>, cycle: Duration) {
             }
         })
         .await
-    });
+    })
 }
 
 /// `RoleLease::every` runs its cycle only on the holder, with the holder's
@@ -958,9 +962,15 @@ async fn every_runs_on_the_holder_only_and_never_overlaps_across_moves() {
     .await;
     let b = start(&store, &names, &events, 1);
     let c = start(&store, &names, &events, 2);
-    for x in [&a, &b, &c] {
-        run_every(x, &log, Duration::from_millis(120));
-    }
+    let loops: Vec<_> = [&a, &b, &c]
+        .into_iter()
+        .map(|x| {
+            (
+                x.instance_id().to_string(),
+                run_every(x, &log, Duration::from_millis(120)),
+            )
+        })
+        .collect();
     let a_id = a.instance_id().to_string();
     support::wait_for("a ran cycles", Duration::from_secs(10), || {
         cycles_of(&a_id) >= 3
@@ -997,6 +1007,18 @@ async fn every_runs_on_the_holder_only_and_never_overlaps_across_moves() {
     })
     .await;
     survivor.shutdown().await;
+    // `every` returns once its coordinator has stopped.
+    support::wait_for(
+        "the stopped coordinators' loops returned",
+        Duration::from_secs(10),
+        || {
+            loops
+                .iter()
+                .filter(|(id, _)| *id == a_id || *id == third)
+                .all(|(_, l)| l.is_finished())
+        },
+    )
+    .await;
 
     let cycles = log.lock().unwrap().clone();
     let mut ends: Vec<&Cycle> = cycles.iter().collect();

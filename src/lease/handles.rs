@@ -174,8 +174,10 @@ impl RoleLease {
                 return;
             }
             if !self.is_held() {
-                // Wait for the next snapshot (or its sender's end).
-                if published.changed().await.is_err() {
+                // Wait for the next snapshot, and look again at least once
+                // per interval (a stopped coordinator publishes no more).
+                let interval = ticks.period();
+                if let Ok(Err(_)) = tokio::time::timeout(interval, published.changed()).await {
                     return;
                 }
                 continue;
