@@ -24,8 +24,8 @@ pub struct Seen {
     pub line: String,
     /// The version, `HTTP/1.0` or `HTTP/1.1`.
     pub version: &'static str,
-    /// The fields a reader is handed, grouped by name as `http::HeaderMap`
-    /// iterates them, names in lower case.
+    /// The fields a reader is handed, names in lower case and in order of
+    /// name, each name's values in the order they came.
     pub fields: Vec<(String, Vec<u8>)>,
     /// The body's bytes, or None when it was malformed or cut off.
     pub body: Option<Vec<u8>>,
@@ -192,10 +192,16 @@ fn grouped<'a>(fields: impl Iterator<Item = (&'a str, &'a [u8])>) -> Vec<(String
     from_map(&map)
 }
 
+/// A map's fields by name, each name's values in their order. The order
+/// of names is not compared: `HeaderMap` reorders names when one is removed
+/// (hyper removes `Content-Length` beside `Transfer-Encoding`).
 fn from_map(map: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
-    map.iter()
+    let mut fields: Vec<(String, Vec<u8>)> = map
+        .iter()
         .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
-        .collect()
+        .collect();
+    fields.sort_by(|a, b| a.0.cmp(&b.0));
+    fields
 }
 
 /// Reads the request stream `input` with hyper's HTTP/1 server, configured
