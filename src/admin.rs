@@ -51,10 +51,15 @@ pub(crate) struct Listing {
 
 impl Listing {
     /// Reads the query string; an unknown parameter or a bad value is an
-    /// error naming it.
+    /// error naming it. A parameter with an empty value counts as absent.
     pub(crate) fn parse(query: Option<&str>) -> Result<Self, String> {
         let mut l = Listing::default();
         for (k, v) in form_urlencoded::parse(query.unwrap_or("").as_bytes()) {
+            // An empty value is no value: the status page's form sends
+            // `role=` and `partition=` when they are left blank.
+            if v.is_empty() {
+                continue;
+            }
             let flag = |v: &str| match v {
                 "true" | "1" | "yes" => Ok(true),
                 "false" | "0" | "no" => Ok(false),
@@ -70,8 +75,8 @@ impl Listing {
                     Ok(n) if n > 0 => l.limit = Some(n),
                     _ => return Err(format!("limit={v}: expected a number above 0")),
                 },
-                // Cache busters and the like are harmless.
-                "_" | "v" => {}
+                // A cache buster is harmless.
+                "_" => {}
                 other => {
                     return Err(format!(
                         "unknown parameter {other:?} (known: role, partition, held_here, limit, after, full)"

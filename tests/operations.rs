@@ -674,6 +674,7 @@ async fn leases_page_through_a_huge_partition(gw: &GatewayProcess) {
         "?partition=nope",
         "?partition=tenants&after=nope",
         "?colour=red",
+        "?v=2",
     ] {
         let (status, _, v) = leases_json(gw, bad).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
@@ -697,6 +698,15 @@ async fn leases_page_through_a_huge_partition(gw: &GatewayProcess) {
     assert!(listed.contains("next 500"), "no next link");
     let found = page("?role=tenants:partition-65535").await;
     assert_eq!(found.matches("<td>tenants:partition-").count(), 1);
+    // The search form as a browser submits it, blank fields included.
+    let picked = page("?role=&partition=tenants").await;
+    assert_eq!(picked.matches("<td>tenants:partition-").count(), 500);
+    let blank = page("?role=&partition=").await;
+    assert!(blank.contains("list its roles"), "{blank}");
+    assert_eq!(blank.matches("<td>tenants:partition-").count(), 0);
+    let (status, _, v) = leases_json(gw, "?role=&partition=tenants&limit=3").await;
+    assert_eq!(status, StatusCode::OK, "{v}");
+    assert_eq!(v["roles_total"], 65_536, "{v}");
 }
 
 /// A gateway holding a 65,536-role partition exposes a bounded number of

@@ -129,25 +129,12 @@ pub(crate) enum Parsed<T> {
     Partial,
 }
 
-/// Why the request path leaves a request to hyper. It is decided on the head
-/// alone, before a byte past it is read.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decline {
-    /// A target that is not origin-form (`/…`): absolute-form,
-    /// authority-form or `*`.
-    NotOriginForm,
-    /// CONNECT, which hyper treats as an upgrade.
-    Connect,
-}
-
 /// A request head, borrowed from the buffer it was read into.
 #[derive(Debug)]
 pub(crate) struct RequestHead<'h, 'b> {
     /// Bytes the head takes, its blank line included.
     pub(crate) len: usize,
     pub(crate) method: &'b str,
-    /// The target as sent, a fragment included.
-    pub(crate) target: &'b str,
     /// The target as the app is told it: a fragment (`#…`) is dropped.
     pub(crate) path_and_query: &'b str,
     pub(crate) version: Version,
@@ -157,10 +144,6 @@ pub(crate) struct RequestHead<'h, 'b> {
     /// False when the client asked to close after this exchange (or sent
     /// both `Transfer-Encoding` and `Content-Length`).
     pub(crate) keep_alive: bool,
-    /// `Expect: 100-continue`.
-    pub(crate) expect_continue: bool,
-    /// An `Upgrade` field on HTTP/1.1.
-    pub(crate) wants_upgrade: bool,
     /// Both `Transfer-Encoding` and `Content-Length` were sent: the length
     /// is ignored (the body is chunked) and the connection closes after.
     pub(crate) length_ignored: bool,
@@ -187,7 +170,10 @@ impl<'h, 'b> RequestHead<'h, 'b> {
 #[derive(Debug)]
 pub(crate) enum Request<'h, 'b> {
     Head(RequestHead<'h, 'b>),
-    Decline(Decline),
+    /// A request left to hyper, decided on the head alone, before a byte
+    /// past it is read: CONNECT (hyper treats it as an upgrade), or a target
+    /// that is not origin-form (`/…`: absolute-form, authority-form, `*`).
+    Decline,
 }
 
 /// Parses a request head from the start of `buf` into `slots`.
@@ -215,10 +201,10 @@ pub(crate) fn parse_request<'h, 'b>(
         return Err(refused(buf, HeadError::Malformed("invalid method")));
     }
     if method == "CONNECT" {
-        return Ok(Parsed::Complete(Request::Decline(Decline::Connect)));
+        return Ok(Parsed::Complete(Request::Decline));
     }
     if !target.starts_with('/') {
-        return Ok(Parsed::Complete(Request::Decline(Decline::NotOriginForm)));
+        return Ok(Parsed::Complete(Request::Decline));
     }
     // hyper has taken the head off its buffer by the time it settles it.
     settle(len, method, target, minor, headers)
@@ -257,8 +243,6 @@ fn settle<'h, 'b>(
     let mut framing = Framing::Empty;
     let mut keep_alive = http11;
     let mut saw_close = false;
-    let mut expect_continue = false;
-    let mut wants_upgrade = false;
     let mut length: Option<u64> = None;
     let mut saw_length = false;
     let mut saw_te = false;
@@ -303,10 +287,6 @@ fn settle<'h, 'b>(
             } else if !keep_alive {
                 keep_alive = has_token(h.value, "keep-alive");
             }
-        } else if name.eq_ignore_ascii_case("expect") {
-            expect_continue = h.value.eq_ignore_ascii_case(b"100-continue");
-        } else if name.eq_ignore_ascii_case("upgrade") {
-            wants_upgrade = http11;
         }
     }
     if saw_te && !te_chunked {
@@ -322,14 +302,12 @@ fn settle<'h, 'b>(
     Ok(RequestHead {
         len,
         method,
-        target,
+
         path_and_query,
         version,
         headers,
         framing,
         keep_alive,
-        expect_continue,
-        wants_upgrade,
         length_ignored,
     })
 }
@@ -340,16 +318,9 @@ pub(crate) struct ResponseHead<'h, 'b> {
     /// Bytes the head takes, its blank line included.
     pub(crate) len: usize,
     pub(crate) status: u16,
-    pub(crate) reason: &'b str,
     pub(crate) version: Version,
     pub(crate) headers: &'h [Header<'b>],
     pub(crate) framing: Framing,
-    /// False when the connection cannot carry another exchange after this
-    /// one (HTTP/1.0 without keep-alive, `Connection: close`, an upgrade, or
-    /// a body that runs until close).
-    pub(crate) keep_alive: bool,
-    /// A 101, or a 2xx to CONNECT: the connection is no longer HTTP.
-    pub(crate) upgrade: bool,
 }
 
 /// A response head, or an interim (1xx but 101) answer to skip.
@@ -361,11 +332,11 @@ pub(crate) enum Response<'h, 'b> {
     Interim(usize),
 }
 
-/// What the request was, as far as its response's framing cares.
+/// What the request was, as far as its response's framing cares (CONNECT
+/// is declined to hyper, so its answers are never read here).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Asked {
     Head,
-    Connect,
     Other,
 }
 
@@ -382,7 +353,7 @@ pub(crate) fn parse_response<'h, 'b>(
         httparse::Status::Complete(len) => len,
         httparse::Status::Partial => return Ok(Parsed::Partial),
     };
-    let (Some(status), Some(reason), Some(minor)) = (res.code, res.reason, res.version) else {
+    let (Some(status), Some(minor)) = (res.code, res.version) else {
         return Err(HeadError::Malformed("incomplete status line"));
     };
     if !(100..=999).contains(&status) {
@@ -391,36 +362,19 @@ pub(crate) fn parse_response<'h, 'b>(
     let headers: &'h [Header<'b>] = res.headers;
     check_names(headers)?;
     let version = Version::from_minor(minor);
-    let mut keep_alive = version == Version::Http11;
-    let mut saw_close = false;
-    for h in headers
-        .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("connection"))
-    {
-        if saw_close || has_token(h.value, "close") {
-            saw_close = true;
-            keep_alive = false;
-        } else if !keep_alive {
-            keep_alive = has_token(h.value, "keep-alive");
-        }
-    }
-    let (framing, upgrade) = match (status, asked) {
-        (101, _) => (Framing::Empty, true),
+    let framing = match (status, asked) {
+        // A 101 ends HTTP on the connection: no body.
+        (101, _) => Framing::Empty,
         (100 | 102..=199, _) => return Ok(Parsed::Complete(Response::Interim(len))),
-        (204 | 304, _) | (_, Asked::Head) => (Framing::Empty, false),
-        (200..=299, Asked::Connect) => (Framing::Empty, true),
-        _ => (response_framing(headers, version)?, false),
+        (204 | 304, _) | (_, Asked::Head) => Framing::Empty,
+        _ => response_framing(headers, version)?,
     };
-    let keep_alive = keep_alive && !upgrade && framing != Framing::UntilClose;
     Ok(Parsed::Complete(Response::Head(ResponseHead {
         len,
         status,
-        reason,
         version,
         headers,
         framing,
-        keep_alive,
-        upgrade,
     })))
 }
 
@@ -609,7 +563,6 @@ mod tests {
         };
         assert_eq!(head.len, raw.len() - 4);
         assert_eq!(head.method, "GET");
-        assert_eq!(head.target, "/a/b?x=1#frag");
         assert_eq!(head.path_and_query, "/a/b?x=1");
         assert_eq!(head.headers.len(), 2);
         assert_eq!(head.framing, Framing::Empty);

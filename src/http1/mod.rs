@@ -3,11 +3,6 @@
 //! hyper's reading of the same bytes (`oracle`, the fuzz targets
 //! `http1_requests` and `http1_responses`, and the property tests).
 
-// The request path that reads the heads' remaining fields (upgrades,
-// `Expect`, response reasons) is not wired in yet; until it is, only the
-// oracle and the tests read them.
-#![allow(dead_code)]
-
 pub(crate) mod chunked;
 pub(crate) mod head;
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)

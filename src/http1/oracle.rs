@@ -77,7 +77,7 @@ pub fn codec_requests(input: &[u8]) -> Account {
         let window = &rest[..rest.len().min(MAX_REQUEST_HEAD)];
         let head = match parse_request(window, &mut slots) {
             Ok(Parsed::Complete(Request::Head(head))) => head,
-            Ok(Parsed::Complete(Request::Decline(_))) => return account(messages, End::Declined),
+            Ok(Parsed::Complete(Request::Decline)) => return account(messages, End::Declined),
             Ok(Parsed::Partial) if window.len() >= MAX_REQUEST_HEAD => {
                 return account(messages, End::Refused(431))
             }

@@ -159,8 +159,10 @@ impl RoleLease {
     /// or the drain bound passed) the cycle's future is dropped, so it never
     /// overlaps a cycle of the next holder. A cycle that runs longer than
     /// `interval` delays the next one; missed ticks are skipped. Not held
-    /// here, it waits for the role without polling the store. Returns when
-    /// the coordinator stops.
+    /// here, it waits for the role without polling the store. Returns once
+    /// the coordinator is shut down (`shutdown()`); a coordinator stopped by
+    /// `abort()` holds nothing, so no cycle runs, but the loop goes on
+    /// waiting until it is dropped.
     pub async fn every<F, Fut>(&self, interval: std::time::Duration, mut cycle: F)
     where
         F: FnMut(HeldLease, TermWatch) -> Fut,
