@@ -115,12 +115,30 @@ impl GatewayState {
         req: Request<Incoming>,
         conn: ConnectionFacts,
     ) -> Response<Body> {
-        let mut req = req.map(Body::new);
+        let req = req.map(Body::new);
+        match &self.access {
+            None => self.respond(req, conn).await.0,
+            // Boxed: the entry is not carried in every request's future
+            // when the access log is off.
+            Some((log, routes)) => {
+                Box::pin(async move {
+                    let route = routes.target_name(req.uri().path());
+                    let entry = log.begin(&req, conn.client, route);
+                    let (resp, label) = self.respond(req, conn).await;
+                    entry.finish(label, resp)
+                })
+                .await
+            }
+        }
+    }
+
+    /// The answer through the stack, counted, and its outcome label.
+    async fn respond(
+        &self,
+        mut req: Request<Body>,
+        conn: ConnectionFacts,
+    ) -> (Response<Body>, &'static str) {
         let grpc = is_grpc(req.headers());
-        let entry = self.access.as_ref().map(|(log, routes)| {
-            let route = routes.target_name(req.uri().path());
-            log.begin(&req, conn.client, route)
-        });
         let extensions = req.extensions_mut();
         extensions.insert(conn);
         if conn.tls {
@@ -143,11 +161,7 @@ impl GatewayState {
             Outcome::Passthrough => "passthrough",
             Outcome::Rejected(r) => r.as_str(),
         };
-        let resp = finish(grpc, resp, outcome, label);
-        match entry {
-            Some(entry) => entry.finish(label, resp),
-            None => resp,
-        }
+        (finish(grpc, resp, outcome, label), label)
     }
 }
 
