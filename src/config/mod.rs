@@ -257,6 +257,93 @@ pub struct TelemetryConfig {
     /// One line per request, when set (off by default).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub access_log: Option<AccessLogConfig>,
+    /// OpenTelemetry traces over OTLP/HTTP, when set (off by default; the
+    /// binary must be built with the `otel` feature).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub otlp: Option<OtlpConfig>,
+}
+
+/// `telemetry.otlp`: one span per request, exported over OTLP/HTTP
+/// (protobuf) in batches from a bounded queue.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`); spans
+    /// are sent to `/v1/traces` under it.
+    #[serde(with = "value::http_url")]
+    pub endpoint: String,
+    /// The share of new traces recorded, from 0 to 1 (default 1). A trusted
+    /// parent's decision is followed instead.
+    #[serde(default)]
+    pub sample_ratio: SampleRatio,
+    /// Whose incoming `traceparent` continues as the parent of the
+    /// gateway's span (default `trusted`); any other is kept as a link.
+    #[serde(default)]
+    pub parent: TraceParentTrust,
+    /// `service.name` of the spans (default `rolegate`).
+    #[serde(default = "default_service_name", with = "value::text")]
+    pub service_name: String,
+    /// Finished spans waiting for export at most (default 2048); more are
+    /// dropped and counted, never waited for.
+    #[serde(
+        default = "default_otlp_queue",
+        deserialize_with = "value::count::<_, usize, 1, 1_000_000>"
+    )]
+    pub queue: usize,
+    /// The longest one export may take (default 10s).
+    #[serde(default = "default_otlp_timeout", with = "value::positive")]
+    pub timeout: Duration,
+}
+
+fn default_service_name() -> String {
+    "rolegate".to_string()
+}
+
+fn default_otlp_queue() -> usize {
+    2048
+}
+
+fn default_otlp_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// A sampling ratio from 0 to 1.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SampleRatio(pub f64);
+
+impl Eq for SampleRatio {}
+
+impl Default for SampleRatio {
+    fn default() -> Self {
+        Self(1.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for SampleRatio {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if !(0.0..=1.0).contains(&v) {
+            return Err(serde::de::Error::custom(format!(
+                "{v} is not a ratio from 0 to 1 (0.1 records one new trace in ten)"
+            )));
+        }
+        Ok(Self(v))
+    }
+}
+
+/// Whose `traceparent` the gateway continues.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceParentTrust {
+    /// A client in `proxy.trusted_proxies`, or a peer gateway's hop
+    /// verified with `proxy.cluster_secret`: the peers whose forwarding
+    /// fields are kept.
+    #[default]
+    Trusted,
+    /// Every client.
+    Always,
+    /// No client: every request starts a trace of its own.
+    Never,
 }
 
 /// `telemetry.access_log`: one line per request, written once its response

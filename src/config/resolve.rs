@@ -71,6 +71,12 @@ impl Checker {
             c.proxy.max_held = c.proxy.max_connections;
         }
         self.routes(c)?;
+        if c.telemetry.otlp.is_some() && !cfg!(feature = "otel") {
+            return Err(self.err(
+                "telemetry.otlp",
+                "this rolegate was built without traces; build it with `cargo build --release --features otel`, or remove telemetry.otlp",
+            ));
+        }
         self.peers(c)?;
         self.advertise_scheme(c)
     }

@@ -8,10 +8,8 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
 
 use axum::body::Body;
@@ -134,19 +132,9 @@ impl Entry {
         decision: &'static str,
         resp: http::Response<Body>,
     ) -> http::Response<Body> {
-        use http_body::Body as _;
         self.decision = decision;
         self.status = resp.status().as_u16();
-        if resp.body().is_end_stream() {
-            drop(self);
-            return resp;
-        }
-        resp.map(|body| {
-            Body::new(Counted {
-                body,
-                entry: Some(self),
-            })
-        })
+        super::watched::watch(resp, self)
     }
 
     fn line(&self) -> String {
@@ -217,43 +205,9 @@ fn clf_escape(s: &str) -> String {
     out
 }
 
-/// A response body that counts its bytes; its entry is logged when it ends
-/// or is dropped.
-struct Counted {
-    body: Body,
-    entry: Option<Entry>,
-}
-
-impl http_body::Body for Counted {
-    type Data = bytes::Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(entry)) = (frame.data_ref(), self.entry.as_mut()) {
-                    entry.bytes += data.len() as u64;
-                }
-            }
-            Poll::Ready(None) | Poll::Ready(Some(Err(_))) => {
-                // Logged now, not when the connection lets go of the body.
-                self.entry = None;
-            }
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
+impl super::watched::Watcher for Entry {
+    fn data(&mut self, n: usize) {
+        self.bytes += n as u64;
     }
 }
 

@@ -35,11 +35,33 @@ use crate::proxy::stack::{Edge, Gate, Route, Routes};
 use crate::proxy::{Forwarder, KeyExtractor};
 use crate::telemetry::{self, TrackedBody};
 
+/// What is written about each request once it has ended (both off by
+/// default).
+#[derive(Clone, Default)]
+pub(crate) struct Observers {
+    /// `telemetry.access_log`.
+    pub(crate) access: Option<AccessLog>,
+    /// `telemetry.otlp`.
+    #[cfg(feature = "otel")]
+    pub(crate) traces: Option<super::trace::Traces>,
+}
+
+impl Observers {
+    fn any(&self) -> bool {
+        #[cfg(feature = "otel")]
+        if self.traces.is_some() {
+            return true;
+        }
+        self.access.is_some()
+    }
+}
+
 /// The request path, shared by all connections.
 pub(crate) struct GatewayState {
     stack: Refuse<Route<Gate<Upstream>>>,
-    /// `telemetry.access_log`, with the routes it names requests by.
-    access: Option<(AccessLog, Arc<Routes>)>,
+    /// The observers, with the routes they name requests by and the
+    /// settings a trace's parent is trusted by; `None` when all are off.
+    observe: Option<(Observers, Arc<Routes>, Arc<GateSettings>)>,
 }
 
 impl GatewayState {
@@ -50,7 +72,7 @@ impl GatewayState {
         forwarder: Forwarder,
         holds: Arc<Holds>,
         events: Option<Arc<EventLog>>,
-        access: Option<AccessLog>,
+        observers: Observers,
     ) -> Result<Self, GatewayError> {
         let mut routes = RouteTable::new(config.proxy.case_insensitive_paths);
         for r in &config.routes {
@@ -91,6 +113,7 @@ impl GatewayState {
             trusted_proxies: config.proxy.trusted_proxies.clone().into(),
             peer_protocol: config.peers.protocol,
             holds,
+            note: cfg!(feature = "otel") && config.telemetry.otlp.is_some(),
         });
         let app = Upstream::new(
             settings.clone(),
@@ -102,11 +125,11 @@ impl GatewayState {
         let gate = Gate::new(settings.clone(), Edge::Gateway, app);
         let routes = Arc::new(Routes::Table(routes));
         let route = Route::new(routes.clone(), settings.clone(), gate);
+        let observe = observers
+            .any()
+            .then(|| (observers, routes, settings.clone()));
         let stack = Refuse::new(settings, config.peers.require_client_cert, route);
-        Ok(Self {
-            stack,
-            access: access.map(|log| (log, routes)),
-        })
+        Ok(Self { stack, observe })
     }
 
     /// Answers one request.
@@ -116,16 +139,35 @@ impl GatewayState {
         conn: ConnectionFacts,
     ) -> Response<Body> {
         let req = req.map(Body::new);
-        match &self.access {
+        match &self.observe {
             None => self.respond(req, conn).await.0,
-            // Boxed: the entry is not carried in every request's future
-            // when the access log is off.
-            Some((log, routes)) => {
+            // Boxed: the entries are not carried in every request's future
+            // when the observers are off.
+            Some((observers, routes, _settings)) => {
                 Box::pin(async move {
+                    #[allow(unused_mut)] // traces rewrite `traceparent`
+                    let mut req = req;
                     let route = routes.target_name(req.uri().path());
-                    let entry = log.begin(&req, conn.client, route);
+                    // First: the access log names the trace the span is in.
+                    #[cfg(feature = "otel")]
+                    let span = observers
+                        .traces
+                        .as_ref()
+                        .map(|t| t.begin(&mut req, conn.client, route.clone(), _settings));
+                    let entry = observers
+                        .access
+                        .as_ref()
+                        .map(|log| log.begin(&req, conn.client, route));
                     let (resp, label) = self.respond(req, conn).await;
-                    entry.finish(label, resp)
+                    #[cfg(feature = "otel")]
+                    let resp = match span {
+                        Some(span) => span.finish(label, resp),
+                        None => resp,
+                    };
+                    match entry {
+                        Some(entry) => entry.finish(label, resp),
+                        None => resp,
+                    }
                 })
                 .await
             }

@@ -10,8 +10,11 @@ mod health;
 mod refuse;
 mod server;
 mod tls;
+#[cfg(feature = "otel")]
+mod trace;
 mod unread;
 mod upstream;
+mod watched;
 mod workers;
 
 use std::net::SocketAddr;
@@ -69,6 +72,10 @@ pub(crate) enum GatewayError {
     /// The access log's writer thread could not start.
     #[error("cannot start the access log")]
     AccessLog(#[source] std::io::Error),
+    /// The trace exporter (`telemetry.otlp`) could not be built.
+    #[cfg_attr(not(feature = "otel"), allow(dead_code))]
+    #[error("cannot start the trace exporter: {0}")]
+    Traces(String),
 }
 
 impl GatewayError {
@@ -80,7 +87,8 @@ impl GatewayError {
             GatewayError::NoUpstream
             | GatewayError::NotRegistered(_)
             | GatewayError::Coordinator(_)
-            | GatewayError::Tls(_) => true,
+            | GatewayError::Tls(_)
+            | GatewayError::Traces(_) => true,
             GatewayError::Listen { .. } | GatewayError::Client(_) | GatewayError::AccessLog(_) => {
                 false
             }
@@ -144,7 +152,24 @@ pub(crate) async fn run(
     let (coordinator, store) = start_coordinator(&config, advertise.clone(), &events).await?;
     // One bound on held requests for the whole process.
     let holds = Holds::new(config.proxy.hold_timeout, config.proxy.max_held);
-    let states = worker_states(&config, &coordinator, &holds, &events, workers)?;
+    #[cfg(feature = "otel")]
+    let traces = match &config.telemetry.otlp {
+        Some(c) => Some(trace::Traces::start(
+            c,
+            coordinator.instance_id(),
+            tokio::runtime::Handle::current(),
+        )?),
+        None => None,
+    };
+    let states = worker_states(
+        &config,
+        &coordinator,
+        &holds,
+        &events,
+        workers,
+        #[cfg(feature = "otel")]
+        traces.as_ref(),
+    )?;
     tracing::info!(
         instance = coordinator.instance_id(),
         listen = %bound,
@@ -181,6 +206,10 @@ pub(crate) async fn run(
     admin_stop.fire();
     let _ = admin_task.await;
     tracing::info!("stopped; leases released");
+    #[cfg(feature = "otel")]
+    if let Some(t) = &traces {
+        t.shutdown(Duration::from_secs(5)).await;
+    }
     store.close().await;
     Ok(())
 }
@@ -215,10 +244,16 @@ fn worker_states(
     holds: &Arc<Holds>,
     events: &Option<Arc<EventLog>>,
     workers: usize,
+    #[cfg(feature = "otel")] traces: Option<&trace::Traces>,
 ) -> Result<Vec<Arc<GatewayState>>, GatewayError> {
     let access = match &config.telemetry.access_log {
         Some(c) => Some(AccessLog::start(c).map_err(GatewayError::AccessLog)?),
         None => None,
+    };
+    let observe = handler::Observers {
+        access,
+        #[cfg(feature = "otel")]
+        traces: traces.cloned(),
     };
     (0..workers)
         .map(|_| {
@@ -229,7 +264,7 @@ fn worker_states(
                 f,
                 holds.clone(),
                 events.clone(),
-                access.clone(),
+                observe.clone(),
             )?;
             Ok(Arc::new(state))
         })

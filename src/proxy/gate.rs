@@ -326,6 +326,24 @@ pub(crate) enum Outcome {
     Rejected(Reason),
 }
 
+/// Response extension, when [`GateSettings::note`] is on: what the gate
+/// learned of a gated request, for its trace span.
+#[cfg_attr(not(feature = "otel"), allow(dead_code))] // only traces read it
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GateNote {
+    /// The role that gates it (a partition's role for a partition route).
+    pub role: Option<Arc<str>>,
+    /// The partition, for a partition route.
+    pub partition: Option<Arc<str>>,
+    /// Who served it: this instance's id when run here, the holder's
+    /// address when forwarded.
+    pub holder: Option<Arc<str>>,
+    /// The fencing token it ran under here.
+    pub token: Option<u64>,
+    /// How long it was held waiting for a holder.
+    pub held: Option<std::time::Duration>,
+}
+
 /// Request extension: this request arrived as a verified forwarded hop;
 /// `signed` when it was verified with the cluster secret.
 #[derive(Debug, Clone, Copy)]
@@ -349,6 +367,8 @@ pub(crate) struct GateSettings {
     pub peer_protocol: HopProtocol,
     /// Holding requests that have no servable holder right now.
     pub holds: Arc<Holds>,
+    /// Whether gated answers carry a [`GateNote`] (traces are on).
+    pub note: bool,
 }
 
 /// How one attempt to forward a request ended.
@@ -619,14 +639,20 @@ impl GateSettings {
         mut req: Request<Body>,
         client: Option<SocketAddr>,
         forwarded: bool,
+        mut note: Option<&mut GateNote>,
     ) -> Settled {
         let mut held: Option<HeldSlot> = None;
+        let mut held_since: Option<std::time::Instant> = None;
         let mut views = target.subscribe_published();
         let deadline = crate::lease::deadline_after(self.holds.timeout);
         loop {
             // Seen before deciding: a change after this wakes the hold below.
             views.borrow_and_update();
-            let problem = match target.decide(req.uri(), req.headers(), forwarded) {
+            let decision = target.decide(req.uri(), req.headers(), forwarded);
+            if let Some(n) = note.as_deref_mut() {
+                n.note(&decision, self, held_since);
+            }
+            let problem = match decision {
                 Decision::Local(lease, work) => {
                     if let Some(h) = held.take() {
                         h.done("held_then_local");
@@ -675,7 +701,10 @@ impl GateSettings {
             if held.is_none() {
                 let role = problem.role.clone().unwrap_or_else(|| Arc::from("?"));
                 match self.holds.enter(role) {
-                    Some(slot) => held = Some(slot),
+                    Some(slot) => {
+                        held = Some(slot);
+                        held_since = Some(std::time::Instant::now());
+                    }
                     None => {
                         metrics::counter!(crate::telemetry::HOLD_OUTCOMES, "outcome" => "hold_full")
                             .increment(1);
@@ -687,6 +716,9 @@ impl GateSettings {
             tokio::select! {
                 changed = views.changed() => {
                     if changed.is_err() {
+                        if let Some(n) = note.as_deref_mut() {
+                            n.held = held_since.map(|t| t.elapsed());
+                        }
                         if let Some(h) = held.take() {
                             h.done("held_then_refused");
                         }
@@ -695,6 +727,9 @@ impl GateSettings {
                     }
                 }
                 _ = tokio::time::sleep_until(deadline) => {
+                    if let Some(n) = note.as_deref_mut() {
+                        n.held = held_since.map(|t| t.elapsed());
+                    }
                     if let Some(h) = held.take() {
                         h.done("hold_timeout");
                     }
@@ -731,6 +766,36 @@ impl GateSettings {
             p.into_response(self.retry_after_secs),
             Outcome::Rejected(reason),
         )
+    }
+}
+
+impl GateNote {
+    /// Notes one decision (a held request is noted again each time the
+    /// view changes; the last decision is the one that answered).
+    fn note(
+        &mut self,
+        decision: &Decision,
+        settings: &GateSettings,
+        held_since: Option<std::time::Instant>,
+    ) {
+        self.held = held_since.map(|t| t.elapsed());
+        match decision {
+            Decision::Local(lease, _) => {
+                self.role = Some(lease.role.clone());
+                self.holder = Some(settings.instance_id.clone());
+                self.token = Some(lease.token);
+            }
+            Decision::Forward { address, role } => {
+                self.role = Some(role.clone());
+                self.holder = Some(address.clone());
+                self.token = None;
+            }
+            Decision::Reject(p) => {
+                self.role.clone_from(&p.role);
+                self.holder = None;
+                self.token = None;
+            }
+        }
     }
 }
 

@@ -157,6 +157,7 @@ impl LayerConfig {
                 trusted_proxies: options.trusted_proxies.into(),
                 peer_protocol: options.peer_protocol,
                 holds: super::hold::Holds::new(options.hold_timeout, options.max_held),
+                note: false,
             },
         }
     }

@@ -27,7 +27,7 @@ use tower::Service;
 
 use super::canonical::{match_readings, prefix_matches};
 use super::forward::{sanitize_headers, TunnelWork};
-use super::gate::{GateSettings, GateTarget, Outcome, Settled};
+use super::gate::{GateNote, GateSettings, GateTarget, Outcome, Settled};
 use super::problem::{Problem, Reason};
 use super::routes::{RouteError, RouteTable};
 use super::term_body::TermBody;
@@ -251,15 +251,32 @@ impl<S: Local> Service<Routed> for Gate<S> {
                             "partition `{}` key (query {name}): {refusal}",
                             partition.as_deref().unwrap_or("?")
                         );
-                        let problem = Problem::new(reason, detail).partition(partition);
+                        let problem = Problem::new(reason, detail).partition(partition.clone());
                         let (resp, outcome) = settings.reject(problem);
-                        return Ok(with_outcome(resp, outcome));
+                        let resp = with_outcome(resp, outcome);
+                        return Ok(match settings.note {
+                            true => with_note(
+                                resp,
+                                GateNote {
+                                    partition,
+                                    ..GateNote::default()
+                                },
+                            ),
+                            false => resp,
+                        });
                     }
                 }
             }
-            match settings.settle(&target, req, client, forwarded).await {
+            let mut note = settings.note.then(|| GateNote {
+                partition: target.partition_label(),
+                ..GateNote::default()
+            });
+            let resp = match settings
+                .settle(&target, req, client, forwarded, note.as_mut())
+                .await
+            {
                 Settled::Local(req, lease, work) => {
-                    Ok(run_local(inner, req, (lease, work), &settings).await)
+                    run_local(inner, req, (lease, work), &settings).await
                 }
                 Settled::Answered(resp, outcome) => {
                     tracing::debug!(
@@ -267,9 +284,13 @@ impl<S: Local> Service<Routed> for Gate<S> {
                         status = resp.status().as_u16(),
                         "role route answered"
                     );
-                    Ok(with_outcome(resp, outcome))
+                    with_outcome(resp, outcome)
                 }
-            }
+            };
+            Ok(match note {
+                Some(note) => with_note(resp, note),
+                None => resp,
+            })
         })
     }
 }
@@ -372,6 +393,12 @@ pub(crate) fn with_outcome(mut resp: Response<Body>, outcome: Outcome) -> Respon
     resp.extensions_mut().insert(outcome);
     resp
 }
+/// A gated answer with what the gate learned of it (for its trace span).
+fn with_note(mut resp: Response<Body>, note: GateNote) -> Response<Body> {
+    resp.extensions_mut().insert(note);
+    resp
+}
+
 /// The answer to a problem found on the way down the stack, marked with its
 /// outcome.
 pub(crate) fn answer(settings: &GateSettings, p: Problem) -> Response<Body> {
@@ -408,6 +435,7 @@ mod tests {
             trusted_proxies: Arc::from(Vec::new()),
             peer_protocol: crate::proxy::HopProtocol::Http1,
             holds: crate::proxy::hold::Holds::new(Duration::ZERO, 16),
+            note: false,
         })
     }
 

@@ -558,7 +558,7 @@ pub fn python_with(modules: &str) -> String {
         imports(&py),
         "this test needs Python with `{modules}`: run `scripts/test` (it installs them into a venv \
          and sets ROLEGATE_TEST_PYTHON), or set ROLEGATE_TEST_PYTHON to a python that can \
-         `import {modules}` (pip install grpcio h2 flask gunicorn)"
+         `import {modules}` (pip install grpcio h2 flask gunicorn opentelemetry-proto)"
     );
     py
 }
