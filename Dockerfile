@@ -16,11 +16,11 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 RUN mkdir -p src examples && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && printf 'fn main() {}\n' > examples/axum_app.rs \
-    && cargo build --release --locked --features redis,etcd 2>/dev/null || true
+    && cargo build --release --locked --features redis,etcd,otel 2>/dev/null || true
 COPY src ./src
 COPY examples ./examples
 COPY docs ./docs
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --features redis,etcd --bin rolegate
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --features redis,etcd,otel --bin rolegate
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \

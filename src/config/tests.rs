@@ -760,3 +760,39 @@ fn per_role_metrics_over_a_few_thousand_partition_roles_is_warned_about() {
     let e = refused("telemetry:\n  per_role_metric: true\n");
     assert_eq!(e.key, "telemetry.per_role_metric", "{e}");
 }
+
+#[test]
+fn otlp_settings_have_defaults_and_bad_ones_are_refused() {
+    let c = parse("telemetry:\n  otlp:\n    endpoint: http://collector:4318/\n").unwrap();
+    let o = c.telemetry.otlp.expect("set");
+    assert_eq!(o.endpoint, "http://collector:4318");
+    assert_eq!(o.sample_ratio.0, 1.0);
+    assert_eq!(o.parent, super::TraceParentTrust::Trusted);
+    assert_eq!(o.service_name, "rolegate");
+    assert_eq!((o.queue, o.timeout), (2048, Duration::from_secs(10)));
+    let c = parse(
+        "telemetry:\n  otlp:\n    endpoint: https://c:4318\n    sample_ratio: 0.25\n    parent: never\n",
+    )
+    .unwrap();
+    let o = c.telemetry.otlp.unwrap();
+    assert_eq!(
+        (o.sample_ratio.0, o.parent),
+        (0.25, super::TraceParentTrust::Never)
+    );
+    for (text, key) in [
+        ("    sample_ratio: 1.5\n", "telemetry.otlp.sample_ratio"),
+        ("    parent: clients\n", "telemetry.otlp.parent"),
+        ("    queue: 0\n", "telemetry.otlp.queue"),
+        ("    timeout: 0s\n", "telemetry.otlp.timeout"),
+        ("    endpoint2: x\n", "telemetry.otlp.endpoint2"),
+    ] {
+        let e = refused(&format!(
+            "telemetry:\n  otlp:\n    endpoint: http://c:4318\n{text}"
+        ));
+        assert_eq!(e.key, key, "{text}: {e}");
+    }
+    let e = refused("telemetry:\n  otlp:\n    endpoint: udp://c:4318\n");
+    assert_eq!(e.key, "telemetry.otlp.endpoint", "{e}");
+    let e = refused("telemetry:\n  otlp:\n    sample_ratio: 1\n");
+    assert!(e.to_string().contains("endpoint"), "{e}");
+}
