@@ -105,12 +105,17 @@ fn parts(traceparent: &str) -> (String, String, String) {
 }
 
 async fn get_with_parent(url: &str, traceparent: &str) -> StatusCode {
+    answer_with_parent(url, traceparent).await.0
+}
+
+async fn answer_with_parent(url: &str, traceparent: &str) -> (StatusCode, String) {
     let req = Request::get(url)
         .header("traceparent", traceparent)
         .header("tracestate", "client=secret-state")
         .body(Body::empty())
         .unwrap();
-    cluster::request(req).await.unwrap().0
+    let (status, _, body) = cluster::request(req).await.unwrap();
+    (status, String::from_utf8_lossy(&body).into_owned())
 }
 
 /// Gateway 1 forwards a client's request to gateway 0, the holder, which
@@ -319,4 +324,66 @@ async fn sampling_follows_the_ratio_and_a_trusted_parent() {
         "{:#?}",
         receiver.spans.lock().unwrap()
     );
+}
+
+/// A request held while its role has no servable holder carries how long
+/// it was held: the holder is killed, and the other gateway holds the
+/// request until it takes the role, then runs it here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_request_records_its_hold_time() {
+    let receiver = Receiver::start().await;
+    let apps = [TestApp::start(0).await, TestApp::start(1).await];
+    let spec = ClusterSpec::postgres("otlp_hold")
+        .with_proxy("  hold_timeout: 20s\n")
+        .with_extra(&otlp_yaml(receiver.port, ""));
+    let g0 = GatewayProcess::start_for_upstream(0, &spec, apps[0].port, ROUTES).await;
+    support::wait_for_async("gateway 0 holds", Duration::from_secs(30), || async {
+        g0.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let g1 = GatewayProcess::start_for_upstream(1, &spec, apps[1].port, ROUTES).await;
+    let gws = [g0, g1];
+    assert_eq!(cluster::wait_holder(&gws, "maintenance").await, 0);
+    gws[0].signal("KILL");
+    // Gone, so the request cannot reach it half-way through its death (a
+    // request that may have been sent is not sent again).
+    support::wait_for_async("gateway 0 exited", Duration::from_secs(30), || async {
+        !gws[0].child_alive()
+    })
+    .await;
+    // Its listening sockets may take a moment longer to go than the process.
+    let port = gws[0].port;
+    support::wait_for_async(
+        "its port refuses connections",
+        Duration::from_secs(30),
+        || async { std::net::TcpStream::connect(("127.0.0.1", port)).is_err() },
+    )
+    .await;
+    let (status, body) = answer_with_parent(
+        &format!("{}/maintenance/after-crash", gws[1].url()),
+        &format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let ran = apps[1].executed();
+    let ran = ran
+        .iter()
+        .find(|e| e.path == "/maintenance/after-crash")
+        .expect("gateway 1 ran it once it took the role");
+    let (trace, span, _) = parts(ran.headers["traceparent"].to_str().unwrap());
+    support::wait_for_async(
+        "the held request's span",
+        Duration::from_secs(60),
+        || async { !receiver.spans_of(&trace).is_empty() },
+    )
+    .await;
+    let spans = receiver.spans_of(&trace);
+    assert_eq!(spans.len(), 1, "{spans:#?}");
+    assert_eq!(spans[0]["span_id"], span.as_str());
+    let a = &spans[0]["attributes"];
+    assert_eq!(a["rolegate.decision"], "local", "{a:#}");
+    let held = a["rolegate.hold_ms"].as_f64().expect("a hold time");
+    assert!(held > 0.0, "{a:#}");
+    let token = gws[1].held().await["maintenance"].1;
+    assert_eq!(a["rolegate.token"], token, "{a:#}");
 }
