@@ -16,7 +16,7 @@ mod config;
 mod events;
 #[cfg(feature = "gateway")]
 mod gateway;
-#[cfg(any(test, fuzzing))]
+#[cfg(any(test, fuzzing, feature = "gateway"))]
 mod http1;
 mod identity;
 pub mod lease;

@@ -44,8 +44,7 @@ impl Shutdown {
     }
 
     /// Whether the shutdown was fired.
-    #[cfg(test)]
-    fn is_shutdown(&self) -> bool {
+    pub(crate) fn is_fired(&self) -> bool {
         *self.rx.borrow()
     }
 }
@@ -74,10 +73,10 @@ mod tests {
     async fn every_listener_sees_the_fire() {
         let (trigger, mut a) = channel();
         let mut b = trigger.subscribe();
-        assert!(!a.is_shutdown());
+        assert!(!a.is_fired());
         trigger.fire();
         a.recv().await;
         b.recv().await;
-        assert!(b.is_shutdown());
+        assert!(b.is_fired());
     }
 }

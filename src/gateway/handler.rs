@@ -62,6 +62,8 @@ pub(crate) struct GatewayState {
     /// The observers, with the routes they name requests by and the
     /// settings a trace's parent is trusted by; `None` when all are off.
     observe: Option<(Observers, Arc<Routes>, Arc<GateSettings>)>,
+    /// The HTTP/1.1 fast path, when it can serve this configuration.
+    fast: Option<Arc<super::h1::FastPath>>,
 }
 
 impl GatewayState {
@@ -115,6 +117,7 @@ impl GatewayState {
             holds,
             note: cfg!(feature = "otel") && config.telemetry.otlp.is_some(),
         });
+        let events_again = events.clone();
         let app = Upstream::new(
             settings.clone(),
             upstream.url.clone(),
@@ -125,11 +128,24 @@ impl GatewayState {
         let gate = Gate::new(settings.clone(), Edge::Gateway, app);
         let routes = Arc::new(Routes::Table(routes));
         let route = Route::new(routes.clone(), settings.clone(), gate);
+        let fast = (!observers.any())
+            .then(|| fast_path(config, &routes, &settings, upstream, events_again))
+            .flatten()
+            .map(Arc::new);
         let observe = observers
             .any()
             .then(|| (observers, routes, settings.clone()));
         let stack = Refuse::new(settings, config.peers.require_client_cert, route);
-        Ok(Self { stack, observe })
+        Ok(Self {
+            stack,
+            observe,
+            fast,
+        })
+    }
+
+    /// The HTTP/1.1 fast path, when this configuration has one.
+    pub(crate) fn fast(&self) -> Option<&Arc<super::h1::FastPath>> {
+        self.fast.as_ref()
     }
 
     /// Answers one request.
@@ -220,4 +236,38 @@ fn finish(grpc: bool, resp: Response<Body>, outcome: Outcome, label: &str) -> Re
         return resp;
     }
     resp.map(|body| TrackedBody::holding(body, None))
+}
+
+/// The fast path for an app spoken to in plain HTTP/1.1 at a URL without
+/// a path (any other app is served by the stack alone).
+fn fast_path(
+    config: &Config,
+    routes: &Arc<Routes>,
+    settings: &Arc<GateSettings>,
+    upstream: &crate::config::UpstreamConfig,
+    events: Option<Arc<EventLog>>,
+) -> Option<super::h1::FastPath> {
+    if upstream.protocol != crate::proxy::HopProtocol::Http1 {
+        return None;
+    }
+    let uri: http::Uri = upstream.url.parse().ok()?;
+    if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
+        return None;
+    }
+    let authority = uri.authority()?;
+    let address = format!(
+        "{}:{}",
+        authority.host(),
+        authority.port_u16().unwrap_or(80)
+    );
+    Some(super::h1::FastPath {
+        routes: routes.clone(),
+        settings: settings.clone(),
+        url: upstream.url.clone(),
+        address,
+        connect_timeout: config.proxy.connect_timeout,
+        response_timeout: config.proxy.response_header_timeout,
+        idle_timeout: config.proxy.idle_timeout,
+        events,
+    })
 }

@@ -5,6 +5,7 @@
 
 mod access_log;
 mod advertise;
+mod h1;
 mod handler;
 mod health;
 mod refuse;

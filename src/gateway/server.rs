@@ -134,6 +134,13 @@ pub(crate) async fn serve(
             None => {
                 let facts = ConnectionFacts::plain(client);
                 let serving = (state, exchanges, limits.clone());
+                if serving.0.fast().is_some() {
+                    tokio::spawn(async move {
+                        let _held = (slot, open);
+                        super::h1::serve(stream, facts, serving, conn_stop).await
+                    });
+                    continue;
+                }
                 let fut = async move {
                     let _held = (slot, open);
                     serve_connection(stream, facts, serving, conn_stop).await
@@ -190,15 +197,20 @@ macro_rules! drive {
     }};
 }
 
+/// What serving a connection shares with the others: the request path,
+/// the semaphores of in-flight exchanges and of kept upstream connections,
+/// and the limits.
+pub(crate) type Serving = (
+    Arc<GatewayState>,
+    (Arc<Semaphore>, Arc<Semaphore>),
+    ServeLimits,
+);
+
 /// Serves one connection until it closes, idles out, or shutdown drains it.
-async fn serve_connection<S>(
+pub(crate) async fn serve_connection<S>(
     stream: S,
     conn: ConnectionFacts,
-    (state, (exchanges, kept), limits): (
-        Arc<GatewayState>,
-        (Arc<Semaphore>, Arc<Semaphore>),
-        ServeLimits,
-    ),
+    (state, (exchanges, kept), limits): Serving,
     mut stop: Shutdown,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,

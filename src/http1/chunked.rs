@@ -74,6 +74,7 @@ impl Decoder {
         }
     }
 
+    #[cfg(any(test, fuzzing))] // the oracle's
     /// Whether the body has ended.
     pub(crate) fn is_done(&self) -> bool {
         self.state == State::Done

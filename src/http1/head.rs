@@ -39,6 +39,7 @@ impl Version {
         }
     }
 
+    #[cfg(any(test, fuzzing))] // the oracle's
     /// `HTTP/1.0` or `HTTP/1.1`.
     pub(crate) fn as_str(self) -> &'static str {
         match self {
@@ -81,6 +82,7 @@ pub(crate) enum HeadError {
 pub(crate) const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 impl HeadError {
+    #[cfg(any(test, fuzzing))] // the oracle's
     /// The status a client is answered with (hyper's automatic answer), or
     /// None when the connection is closed without one.
     pub(crate) fn status(self) -> Option<u16> {
@@ -150,6 +152,7 @@ pub(crate) struct RequestHead<'h, 'b> {
 }
 
 impl<'h, 'b> RequestHead<'h, 'b> {
+    #[cfg(any(test, fuzzing))] // the oracle's
     /// The fields as the app is to be handed them: a `Content-Length`
     /// beside `Transfer-Encoding` is dropped, and so is a repeat of the
     /// first `Content-Length` (hyper's reading).

@@ -5,6 +5,7 @@
 
 pub(crate) mod chunked;
 pub(crate) mod head;
+#[cfg(any(test, fuzzing))]
 #[allow(unreachable_pub)] // pub for the fuzz targets (`crate::fuzzing`)
 pub mod oracle;
 

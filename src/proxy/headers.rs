@@ -165,6 +165,14 @@ pub fn usable_key_header(name: &str) -> bool {
     !is_gateway_field(name, true) && !REWRITTEN.contains(&name)
 }
 
+/// Whether a request field reaches the app exactly as the client sent it:
+/// one the gateway never removes, rewrites or reads as framing (lowercase
+/// name). The HTTP/1.1 fast path takes only requests whose fields all pass.
+#[cfg(feature = "gateway")]
+pub(crate) fn passes_unchanged(name: &str) -> bool {
+    usable_key_header(name) && name != "expect" && name != "forwarded"
+}
+
 /// Whether a request asks for a protocol upgrade (WebSocket and friends).
 pub fn is_upgrade_request(headers: &HeaderMap) -> bool {
     headers.contains_key(header::UPGRADE) && connection_has(headers, "upgrade")

@@ -98,6 +98,12 @@ impl Routes {
         self.find(path).ok().flatten().map(|t| t.name())
     }
 
+    /// The target gating `path` (the HTTP/1.1 fast path routes by it).
+    #[cfg(feature = "gateway")]
+    pub(crate) fn lookup(&self, path: &str) -> Result<Option<Arc<GateTarget>>, Problem> {
+        self.find(path)
+    }
+
     fn find(&self, path: &str) -> Result<Option<Arc<GateTarget>>, Problem> {
         match self {
             Routes::Table(table) => match table.find(path) {
@@ -342,7 +348,7 @@ fn from_local(mut resp: Response<Body>) -> Response<Body> {
 }
 
 /// The 503 for a local request whose term ended before it was answered.
-fn term_ended(role: Arc<str>, label: String, reason: &'static str) -> Problem {
+pub(crate) fn term_ended(role: Arc<str>, label: String, reason: &'static str) -> Problem {
     metrics::counter!(crate::telemetry::STREAMS_ENDED, "role" => label, "reason" => reason)
         .increment(1);
     Problem::new(

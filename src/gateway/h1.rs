@@ -1,0 +1,877 @@
+//! The HTTP/1.1 fast path: one task owns a plain client connection, the
+//! app connection it uses, and their buffers, for the requests the gate
+//! would pass on untouched.
+//!
+//! A request head is read into a pooled buffer and parsed in place with the
+//! gateway's codec (`crate::http1`, held to hyper by the differential fuzz
+//! targets). The path takes a request only when the stack would change
+//! nothing of it but the fields it adds: HTTP/1.1, no body, an origin-form
+//! target, one valid `Host`, no field the gateway removes or rewrites, and a
+//! route that is ungated or gated by a plain role held here. Its head goes
+//! to the app with one write (the forwarding fields, and the role and token
+//! for local work, added by the same code as the hyper path), the answer's
+//! head is parsed the same way, and its body is moved as framed, never
+//! re-chunked.
+//!
+//! Anything else is **declined** before a byte past its head is read: the
+//! connection, with the bytes read so far, goes to hyper and the full stack
+//! for the rest of its life (see `Prefixed`). So the fast path never has
+//! to answer what it does not handle; it only answers the app's failures
+//! (503 problems, as the stack does) and the end of a term (503
+//! `term-ended` before the answer, a cut connection during its body).
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::server::{serve_connection, Serving};
+use crate::events::EventLog;
+use crate::http1::head::{self, Asked, Framing, Parsed, Version};
+use crate::lease::{HeldLease, LocalWork};
+use crate::listener::HEADER_READ_TIMEOUT;
+use crate::proxy::forward::ForwardError;
+use crate::proxy::gate::{GateSettings, GateTarget};
+use crate::proxy::headers::{add_forwarding, passes_unchanged, ROLE, TOKEN};
+use crate::proxy::problem::{Problem, Reason};
+use crate::proxy::stack::{term_ended, ConnectionFacts, Routes};
+use crate::proxy::{failure_problem, NextHop};
+use crate::shutdown::Shutdown;
+use crate::telemetry;
+
+/// What the fast path needs of the gateway: set when the app is plain
+/// HTTP/1.1 at a URL without a path and no observer is on.
+pub(crate) struct FastPath {
+    pub(crate) routes: Arc<Routes>,
+    pub(crate) settings: Arc<GateSettings>,
+    /// `upstream.url`, for the problems that name it.
+    pub(crate) url: String,
+    /// `host:port` of the app.
+    pub(crate) address: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) events: Option<Arc<EventLog>>,
+}
+
+/// Bytes read from the client at a time, and the start of a buffer.
+const CHUNK: usize = 8 * 1024;
+
+/// How one exchange ended for the client connection.
+enum Next {
+    /// Ready for the next request.
+    KeepAlive,
+    /// Close the client connection.
+    Close,
+    /// Hand the connection to hyper (nothing of this request was sent).
+    Decline,
+}
+
+/// What the head asked for, owned, once it is known the path takes it.
+struct Plan {
+    /// Bytes of the client's head.
+    head_len: usize,
+    asked: Asked,
+    /// The method allows sending again on a fresh connection when a kept
+    /// one turns out closed before answering.
+    idempotent: bool,
+    keep_alive: bool,
+    /// Under the lease, when gated.
+    local: Option<(HeldLease, LocalWork)>,
+}
+
+/// Serves a plain connection on the fast path until it closes, or hands it
+/// to hyper.
+pub(crate) async fn serve(
+    mut client: TcpStream,
+    conn: ConnectionFacts,
+    serving: Serving,
+    mut stop: Shutdown,
+) {
+    let Some(fast) = serving.0.fast() else {
+        return serve_connection(client, conn, serving, stop).await;
+    };
+    let fast = fast.clone();
+    let mut inbuf = BytesMut::new();
+    let mut app: Option<AppConn> = None;
+    let mut first = true;
+    loop {
+        // A head: the first within the header read timeout; the next after
+        // at most the idle timeout, then within the header read timeout.
+        let wait = if first {
+            HEADER_READ_TIMEOUT
+        } else {
+            fast.idle_timeout
+        };
+        match read_head(&mut client, &mut inbuf, wait, &mut stop, &mut app).await {
+            HeadRead::Ready => {}
+            HeadRead::Close => return,
+            HeadRead::Decline => break,
+        }
+        first = false;
+        let mut out = Vec::with_capacity(512);
+        let Some(plan) = fast.plan(&inbuf, conn.client, &mut out) else {
+            break;
+        };
+        let next = fast
+            .exchange(&mut client, &mut inbuf, &mut app, plan, &out, &stop)
+            .await;
+        match next {
+            Next::KeepAlive if !stopping(&stop) => {}
+            Next::KeepAlive | Next::Close => return,
+            Next::Decline => break,
+        }
+    }
+    drop(app);
+    let io = Prefixed {
+        head: inbuf.freeze(),
+        io: client,
+    };
+    serve_connection(io, conn, serving, stop).await
+}
+
+fn stopping(stop: &Shutdown) -> bool {
+    stop.is_fired()
+}
+
+enum HeadRead {
+    Ready,
+    Close,
+    Decline,
+}
+
+/// Reads until `buf` holds a whole head, or what is read is for hyper (a
+/// head the codec refuses or declines, or one past its size limit).
+async fn read_head(
+    client: &mut TcpStream,
+    buf: &mut BytesMut,
+    wait: Duration,
+    stop: &mut Shutdown,
+    app: &mut Option<AppConn>,
+) -> HeadRead {
+    let mut deadline = tokio::time::Instant::now() + wait;
+    // The kept app connection is let go when the app closes it, or when it
+    // has been idle for as long as the pool keeps one.
+    let app_idle = tokio::time::Instant::now() + crate::proxy::affine::POOL_IDLE_TIMEOUT;
+    let mut started = !buf.is_empty();
+    loop {
+        if !buf.is_empty() {
+            if !started {
+                started = true;
+                deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
+            }
+            let mut slots = head::header_slots();
+            match head::parse_request(buf, &mut slots) {
+                Ok(Parsed::Complete(_)) => return HeadRead::Ready,
+                Ok(Parsed::Partial) if buf.len() < crate::http1::MAX_REQUEST_HEAD => {}
+                // Refused, declined or too large: hyper answers it.
+                _ => return HeadRead::Decline,
+            }
+        }
+        if buf.capacity() - buf.len() < CHUNK / 2 {
+            buf.reserve(CHUNK);
+        }
+        let read = tokio::select! {
+            r = client.read_buf(buf) => r,
+            _ = stop.recv(), if buf.is_empty() => return HeadRead::Close,
+            _ = tokio::time::sleep_until(deadline) => return HeadRead::Close,
+            closed = app_closed(app.as_ref()), if app.is_some() => {
+                if closed {
+                    *app = None;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(app_idle), if app.is_some() => {
+                *app = None;
+                continue;
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => return HeadRead::Close,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Waits until the idle app connection has something to read: true when
+/// it closed or sent bytes nobody asked for (it is then no use), false
+/// when the wake was spurious.
+async fn app_closed(app: Option<&AppConn>) -> bool {
+    let Some(app) = app else {
+        return std::future::pending().await;
+    };
+    if app.stream.readable().await.is_err() {
+        return true;
+    }
+    let mut byte = [0u8; 1];
+    !matches!(app.stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+}
+
+impl FastPath {
+    /// The plan for the head at the start of `buf` and its upstream head in
+    /// `out`, or None to decline it.
+    fn plan(&self, buf: &[u8], client: SocketAddr, out: &mut Vec<u8>) -> Option<Plan> {
+        let mut slots = head::header_slots();
+        let Ok(Parsed::Complete(head::Request::Head(h))) = head::parse_request(buf, &mut slots)
+        else {
+            return None;
+        };
+        if h.version != Version::Http11 || h.framing != Framing::Empty || h.length_ignored {
+            return None;
+        }
+        let target = h.path_and_query;
+        // What hyper's `Uri` reads as the path: a fragment or a byte it
+        // would read differently is left to it.
+        if !target.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
+            return None;
+        }
+        let path = target.split('?').next().unwrap_or(target);
+        let mut host: Option<&[u8]> = None;
+        let mut name = [0u8; 64];
+        for f in h.headers {
+            let n = f.name.len();
+            if n > name.len() {
+                return None;
+            }
+            name[..n].copy_from_slice(f.name.as_bytes());
+            name[..n].make_ascii_lowercase();
+            let lower = std::str::from_utf8(&name[..n]).ok()?;
+            match lower {
+                "host" if host.is_none() => host = Some(f.value),
+                // `Connection: keep-alive` or `close` only: nothing named.
+                "connection"
+                    if f.value.eq_ignore_ascii_case(b"keep-alive")
+                        || f.value.eq_ignore_ascii_case(b"close") => {}
+                "expect" => return None,
+                other if passes_unchanged(other) => {}
+                _ => return None,
+            }
+        }
+        let host = host?;
+        if host.is_empty() || host.contains(&b'@') || http::uri::Authority::try_from(host).is_err()
+        {
+            return None;
+        }
+        let target_of = self.routes.lookup(path).ok()?;
+        let local = match target_of.as_deref() {
+            None => None,
+            Some(GateTarget::Role(lease)) => Some(lease.begin_local()?),
+            Some(GateTarget::Partition { .. }) => return None,
+        };
+        // The upstream head: the request line and fields as received,
+        // `Connection` dropped (hop-by-hop), then what the stack adds.
+        out.extend_from_slice(h.method.as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(target.as_bytes());
+        out.extend_from_slice(b" HTTP/1.1\r\n");
+        for f in h.headers {
+            if f.name.eq_ignore_ascii_case("connection") {
+                continue;
+            }
+            push_field(out, f.name.as_bytes(), f.value);
+        }
+        let mut added = http::HeaderMap::with_capacity(8);
+        if let Ok(v) = http::HeaderValue::from_bytes(host) {
+            added.insert(http::header::HOST, v);
+        }
+        add_forwarding(
+            &mut added,
+            Some(client),
+            &self.settings.instance_id,
+            "http",
+            false,
+        );
+        if let Some((lease, _)) = &local {
+            if let Ok(v) = http::HeaderValue::from_str(&lease.role) {
+                added.insert(ROLE, v);
+            }
+            added.insert(TOKEN, http::HeaderValue::from(lease.token));
+        }
+        for (n, v) in &added {
+            if n != http::header::HOST {
+                push_field(out, n.as_str().as_bytes(), v.as_bytes());
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        let method = h.method;
+        Some(Plan {
+            head_len: h.len,
+            asked: if method == "HEAD" {
+                Asked::Head
+            } else {
+                Asked::Other
+            },
+            idempotent: matches!(method, "GET" | "HEAD" | "OPTIONS"),
+            keep_alive: h.keep_alive,
+            local,
+        })
+    }
+
+    /// One request and its answer.
+    async fn exchange(
+        &self,
+        client: &mut TcpStream,
+        inbuf: &mut BytesMut,
+        app: &mut Option<AppConn>,
+        mut plan: Plan,
+        out: &[u8],
+        stop: &Shutdown,
+    ) -> Next {
+        let started = Instant::now();
+        let reused = app.is_some();
+        if app.is_none() {
+            match self.connect().await {
+                Ok(c) => *app = Some(c),
+                // Nothing was sent: the stack tries, and answers, itself.
+                Err(_) => return Next::Decline,
+            }
+        }
+        // Committed: the head is this path's now.
+        inbuf.advance(plan.head_len);
+        let label = if plan.local.is_some() {
+            "local"
+        } else {
+            "passthrough"
+        };
+        if let (Some(log), Some((lease, _))) = (&self.events, &plan.local) {
+            log.admitted(
+                &self.settings.instance_id,
+                &lease.role,
+                lease.token,
+                lease.checked_at,
+            );
+        }
+        let over = plan.local.as_ref().map(|(_, work)| work.over());
+        let over = async move {
+            match over {
+                Some(o) => o.await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(over);
+        let mut attempt = Some(reused && plan.idempotent);
+        let answered = loop {
+            let Some(may_retry) = attempt.take() else {
+                break Err(Failure::Broken("the app closed the connection".into()));
+            };
+            let conn = app.as_mut().expect("connected");
+            let got = tokio::select! {
+                r = conn.ask(out, plan.asked, self.response_timeout) => r,
+                _ = &mut over => Err(Failure::TermEnded),
+            };
+            match got {
+                Err(Failure::ClosedUnanswered) if may_retry => {
+                    *app = None;
+                    match self.connect().await {
+                        Ok(c) => *app = Some(c),
+                        Err(e) => break Err(Failure::Broken(e.to_string())),
+                    }
+                    attempt = Some(false);
+                }
+                other => break other,
+            }
+        };
+        telemetry::request_metrics()
+            .forward_upstream
+            .record(started.elapsed().as_secs_f64());
+        let resp = match answered {
+            Ok(resp) => resp,
+            Err(failure) => {
+                *app = None;
+                let problem = self.problem(failure, &plan);
+                telemetry::request_metrics().count(problem.reason.as_str());
+                drop(plan.local.take());
+                let closing = !plan.keep_alive || stopping(stop);
+                return match write_answer(client, problem, self.settings.retry_after_secs, closing)
+                    .await
+                {
+                    Ok(()) if !closing => Next::KeepAlive,
+                    _ => Next::Close,
+                };
+            }
+        };
+        telemetry::request_metrics().count(label);
+        let conn = app.as_mut().expect("connected");
+        let until_close = resp.framing == Framing::UntilClose;
+        let closing = !plan.keep_alive || until_close || stopping(stop);
+        let mut head = Vec::with_capacity(resp.head.len() + 64);
+        client_head(&mut head, &resp, closing);
+        let streamed = {
+            let _open = (resp.framing != Framing::Empty).then(telemetry::OpenGuard::stream);
+            let moving = conn.relay(client, head, resp.framing, self.idle_timeout);
+            tokio::select! {
+                r = moving => r,
+                _ = &mut over => {
+                    if let Some((_, work)) = &plan.local {
+                        let watch = work.watch();
+                        let reason = watch.reason().map_or("lost", |r| r.as_str());
+                        metrics::counter!(telemetry::STREAMS_ENDED, "role" => watch.metric_label(), "reason" => reason)
+                            .increment(1);
+                    }
+                    Err(io::Error::other("the term ended"))
+                }
+            }
+        };
+        drop(plan.local.take());
+        match streamed {
+            // Bytes past the answer would be read as the next one's.
+            Ok(()) if resp.reusable && !until_close && conn.buf.is_empty() => {}
+            Ok(()) => *app = None,
+            Err(_) => {
+                // A body cut short: both connections end, as the stack ends them.
+                *app = None;
+                return Next::Close;
+            }
+        }
+        if closing {
+            Next::Close
+        } else {
+            Next::KeepAlive
+        }
+    }
+
+    async fn connect(&self) -> io::Result<AppConn> {
+        let connect = TcpStream::connect(self.address.as_str());
+        let stream = tokio::time::timeout(self.connect_timeout, connect)
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
+        let _ = stream.set_nodelay(true);
+        Ok(AppConn {
+            stream,
+            buf: BytesMut::new(),
+        })
+    }
+
+    /// The stack's answer to the app failing this request.
+    fn problem(&self, failure: Failure, plan: &Plan) -> Problem {
+        let target = self.url.clone();
+        let e = match failure {
+            Failure::TermEnded => {
+                if let Some((lease, work)) = &plan.local {
+                    let watch = work.watch();
+                    let reason = watch.reason().map_or("lost", |r| r.as_str());
+                    return term_ended(lease.role.clone(), watch.metric_label(), reason);
+                }
+                return Problem::new(Reason::TermEnded, "the term ended");
+            }
+            Failure::Timeout => ForwardError::Timeout {
+                target,
+                after: self.response_timeout,
+            },
+            Failure::Unasked101 => ForwardError::BadUpgrade {
+                target,
+                why: crate::proxy::headers::BadUpgrade::Unasked,
+            },
+            Failure::ClosedUnanswered => ForwardError::Failed {
+                target,
+                source: "the app closed the connection before answering".into(),
+            },
+            Failure::Broken(why) => ForwardError::Failed {
+                target,
+                source: why.into(),
+            },
+        };
+        let hop = NextHop::App {
+            upstream: &self.url,
+        };
+        failure_problem(&e, hop).role(plan.local.as_ref().map(|(l, _)| l.role.clone()))
+    }
+}
+
+/// Why the app gave no usable answer.
+enum Failure {
+    TermEnded,
+    Timeout,
+    Unasked101,
+    /// A kept connection closed before a byte of an answer.
+    ClosedUnanswered,
+    Broken(String),
+}
+
+/// `name: value\r\n`.
+fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The app's answer head, owned.
+struct Answer {
+    status: u16,
+    /// The fields the client gets, each `name: value\r\n`.
+    head: Vec<u8>,
+    has_date: bool,
+    framing: Framing,
+    /// The app keeps the connection open after it.
+    reusable: bool,
+}
+
+/// The client's response head: the status line, the app's fields but the
+/// hop-by-hop ones, `Date` when the app sent none (as hyper adds it), and
+/// `Connection: close` when the connection ends after it.
+fn client_head(out: &mut Vec<u8>, resp: &Answer, closing: bool) {
+    let status = http::StatusCode::from_u16(resp.status).ok();
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(resp.status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(
+        status
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("<none>")
+            .as_bytes(),
+    );
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&resp.head);
+    if !resp.has_date {
+        push_field(
+            out,
+            b"date",
+            httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes(),
+        );
+    }
+    if closing {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// A connection to the app and its read buffer.
+struct AppConn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+impl AppConn {
+    /// Sends `head` and reads the answer's head (skipping interim answers).
+    async fn ask(&mut self, head: &[u8], asked: Asked, limit: Duration) -> Result<Answer, Failure> {
+        if let Err(e) = self.stream.write_all(head).await {
+            return Err(match e.kind() {
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset => {
+                    Failure::ClosedUnanswered
+                }
+                _ => Failure::Broken(e.to_string()),
+            });
+        }
+        let deadline = tokio::time::Instant::now() + limit;
+        let mut any = false;
+        loop {
+            if !self.buf.is_empty() {
+                let mut slots = head::header_slots();
+                match head::parse_response(&self.buf, &mut slots, asked) {
+                    Ok(Parsed::Complete(head::Response::Interim(n))) => {
+                        self.buf.advance(n);
+                        continue;
+                    }
+                    Ok(Parsed::Complete(head::Response::Head(r))) => {
+                        if r.status == 101 {
+                            return Err(Failure::Unasked101);
+                        }
+                        let answer = answer_of(&r);
+                        self.buf.advance(r.len);
+                        return Ok(answer);
+                    }
+                    Ok(Parsed::Partial) if self.buf.len() < crate::http1::MAX_RESPONSE_HEAD => {}
+                    Ok(Parsed::Partial) => {
+                        return Err(Failure::Broken("the answer's head is too large".into()))
+                    }
+                    Err(e) => return Err(Failure::Broken(format!("bad answer head: {e:?}"))),
+                }
+            }
+            if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
+                self.buf.reserve(CHUNK);
+            }
+            let read = tokio::select! {
+                r = self.stream.read_buf(&mut self.buf) => r,
+                _ = tokio::time::sleep_until(deadline) => return Err(Failure::Timeout),
+            };
+            match read {
+                Ok(0) if !any => return Err(Failure::ClosedUnanswered),
+                Ok(0) => return Err(Failure::Broken("the app closed mid-answer".into())),
+                Err(e) if !any && e.kind() == io::ErrorKind::ConnectionReset => {
+                    return Err(Failure::ClosedUnanswered)
+                }
+                Err(e) => return Err(Failure::Broken(e.to_string())),
+                Ok(_) => any = true,
+            }
+        }
+    }
+
+    /// Writes `head` to the client, then the body as framed.
+    async fn relay(
+        &mut self,
+        client: &mut TcpStream,
+        mut head: Vec<u8>,
+        framing: Framing,
+        idle: Duration,
+    ) -> io::Result<()> {
+        let mut client = Within { io: client, idle };
+        let client = &mut client;
+        match framing {
+            Framing::Empty => client.write_all(&head).await,
+            Framing::Length(n) => {
+                let mut left = n;
+                let now = (self.buf.len() as u64).min(left) as usize;
+                head.extend_from_slice(&self.buf[..now]);
+                self.buf.advance(now);
+                left -= now as u64;
+                client.write_all(&head).await?;
+                while left > 0 {
+                    self.fill(idle).await?;
+                    let now = (self.buf.len() as u64).min(left) as usize;
+                    client.write_all(&self.buf[..now]).await?;
+                    self.buf.advance(now);
+                    left -= now as u64;
+                }
+                Ok(())
+            }
+            Framing::Chunked => {
+                client.write_all(&head).await?;
+                let mut decoder = crate::http1::chunked::Decoder::new();
+                loop {
+                    if !self.buf.is_empty() {
+                        let step = decoder
+                            .step(&self.buf)
+                            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.0))?;
+                        if step.used > 0 {
+                            client.write_all(&self.buf[..step.used]).await?;
+                            self.buf.advance(step.used);
+                        }
+                        if step.done {
+                            return Ok(());
+                        }
+                        if step.used > 0 {
+                            continue;
+                        }
+                    }
+                    self.fill(idle).await?;
+                }
+            }
+            Framing::UntilClose => {
+                client.write_all(&head).await?;
+                loop {
+                    if !self.buf.is_empty() {
+                        client.write_all(&self.buf).await?;
+                        self.buf.clear();
+                    }
+                    match self.fill(idle).await {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads more of the answer; the end of the stream is an error here.
+    async fn fill(&mut self, idle: Duration) -> io::Result<()> {
+        if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
+            self.buf.reserve(CHUNK);
+        }
+        let n = tokio::time::timeout(idle, self.stream.read_buf(&mut self.buf))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle"))??;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the app closed",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Answer fields the client never gets: the hop-by-hop ones (but
+/// `Transfer-Encoding`, which frames what is moved) and the hop refusal,
+/// which only a gateway may send.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "upgrade",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "http2-settings",
+];
+
+/// Writes that fail when the client takes nothing for `idle` (a client
+/// that never reads holds no connection past the idle timeout).
+struct Within<'a> {
+    io: &'a mut TcpStream,
+    idle: Duration,
+}
+
+impl Within<'_> {
+    async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let mut left = bytes;
+        while !left.is_empty() {
+            let n = tokio::time::timeout(self.idle, self.io.write(left))
+                .await
+                .map_err(|_| {
+                    io::Error::new(io::ErrorKind::TimedOut, "the client read nothing")
+                })??;
+            if n == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            left = &left[n..];
+        }
+        Ok(())
+    }
+}
+
+/// The owned answer of a parsed head: its fields but the hop-by-hop ones
+/// and those `Connection` names.
+fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
+    let mut named: Vec<&[u8]> = Vec::new();
+    let mut reusable = r.version == Version::Http11;
+    for f in r.headers {
+        if f.name.eq_ignore_ascii_case("connection") {
+            for token in f.value.split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    reusable = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && r.version == Version::Http10
+                {
+                    reusable = true;
+                } else if !token.is_empty() {
+                    named.push(token);
+                }
+            }
+        }
+    }
+    let mut head = Vec::with_capacity(256);
+    let mut has_date = false;
+    let chunked = r.framing == Framing::Chunked;
+    for f in r.headers {
+        let name = f.name;
+        // The body is moved as framed: a chunked one keeps its chunks and
+        // its `Transfer-Encoding`, and a `Content-Length` beside it (which
+        // chunked framing overrides) is dropped, as hyper drops it.
+        let framing_field = if name.eq_ignore_ascii_case("transfer-encoding") {
+            !chunked
+        } else {
+            chunked && name.eq_ignore_ascii_case("content-length")
+        };
+        if framing_field
+            || HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+            || name.eq_ignore_ascii_case("x-rolegate-refused")
+            || named
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
+        {
+            continue;
+        }
+        has_date |= name.eq_ignore_ascii_case("date");
+        push_field(&mut head, name.as_bytes(), f.value);
+    }
+    Answer {
+        status: r.status,
+        head,
+        has_date,
+        framing: r.framing,
+        reusable,
+    }
+}
+
+/// Writes a problem answer to the client.
+async fn write_answer(
+    client: &mut TcpStream,
+    problem: Problem,
+    retry_after: u64,
+    closing: bool,
+) -> io::Result<()> {
+    use http_body_util::BodyExt;
+    let resp = problem.into_response(retry_after);
+    let (parts, body) = resp.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let mut out = Vec::with_capacity(256 + body.len());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(parts.status.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(parts.status.canonical_reason().unwrap_or("").as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (n, v) in &parts.headers {
+        push_field(&mut out, n.as_str().as_bytes(), v.as_bytes());
+    }
+    push_field(
+        &mut out,
+        b"content-length",
+        body.len().to_string().as_bytes(),
+    );
+    push_field(
+        &mut out,
+        b"date",
+        httpdate::fmt_http_date(std::time::SystemTime::now()).as_bytes(),
+    );
+    if closing {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&body);
+    client.write_all(&out).await
+}
+
+/// A connection handed to hyper with the bytes already read from it in
+/// front: hyper reads them first, as if nothing had been read.
+struct Prefixed {
+    head: bytes::Bytes,
+    io: TcpStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.head.is_empty() {
+            let n = self.head.len().min(buf.remaining());
+            buf.put_slice(&self.head[..n]);
+            self.head.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}

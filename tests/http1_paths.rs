@@ -1,0 +1,335 @@
+//! The HTTP/1.1 fast path and the full stack, side by side: the same
+//! requests, one taken by each path, must reach the app as the same request
+//! and come back to the client as the same answer.
+//!
+//! A real gateway process on SQLite in front of a raw app that records
+//! each request head byte for byte and answers by path: a length-framed
+//! body, a chunked one, 204, 304, a HEAD, an answer framed by closing the
+//! connection, an interim 103 before the answer, and one with fields the
+//! client must not get. Each request goes once as sent (the fast path
+//! keeps the case of its field names) and once with an `X-Forwarded-For`
+//! from an untrusted client (which the stack removes, so the app sees the
+//! same request, but which only the stack handles: its field names arrive
+//! lowercase).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::cluster::{ClusterSpec, GatewayProcess};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const ROUTES: &str = "roles:
+  - name: maintenance
+routes:
+  - prefixes: [/maintenance]
+    role: maintenance
+";
+
+/// Request heads as the app read them, in order, each with the number of
+/// the app connection it came on.
+type Heads = Arc<Mutex<Vec<(usize, String)>>>;
+
+/// The app's answer to `path`: the raw bytes, and whether it closes after.
+fn answer(path: &str, head_request: bool) -> (Vec<u8>, bool) {
+    let body = b"0123456789abcdef";
+    let plain = |extra: &str| {
+        let mut a = format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n{extra}Content-Length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        if !head_request {
+            a.extend_from_slice(body);
+        }
+        a
+    };
+    let end = path.rsplit('/').next().unwrap_or("");
+    match end {
+        "chunked" => (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-App: 1\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n".to_vec(),
+            false,
+        ),
+        "nocontent" => (b"HTTP/1.1 204 No Content\r\nX-App: 2\r\n\r\n".to_vec(), false),
+        "notmodified" => (
+            b"HTTP/1.1 304 Not Modified\r\nETag: \"x\"\r\n\r\n".to_vec(),
+            false,
+        ),
+        "closing" => (
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nX-App: 3\r\n\r\nuntil the end".to_vec(),
+            true,
+        ),
+        "interim" => {
+            let mut a = b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n".to_vec();
+            a.extend(plain(""));
+            (a, false)
+        }
+        "hopfields" => (
+            plain("Keep-Alive: timeout=5\r\nConnection: X-Secret\r\nX-Secret: 1\r\nX-Rolegate-Refused: forged\r\nProxy-Authenticate: Basic\r\n"),
+            false,
+        ),
+        _ => (plain("Cache-Control: no-store\r\n"), false),
+    }
+}
+
+/// An HTTP/1.1 app that records each head and answers by path; requests
+/// carry no body here.
+async fn raw_app(heads: Heads) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut accepted = 0;
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            accepted += 1;
+            let conn = accepted;
+            let heads = heads.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break i + 4;
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
+                    buf.drain(..end);
+                    let line = head.lines().next().unwrap_or("").to_string();
+                    let mut parts = line.split(' ');
+                    let method = parts.next().unwrap_or("");
+                    let path = parts.next().unwrap_or("").to_string();
+                    heads.lock().unwrap().push((conn, head));
+                    let (bytes, close) = answer(&path, method == "HEAD");
+                    if s.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// The fields of a head, names lowercased, in order; the request line.
+fn fields(head: &str) -> (String, Vec<(String, String)>) {
+    let mut lines = head.split("\r\n");
+    let first = lines.next().unwrap_or("").to_string();
+    let f = lines
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let (n, v) = l.split_once(':').unwrap();
+            (n.to_ascii_lowercase(), v.trim().to_string())
+        })
+        .collect();
+    (first, f)
+}
+
+/// One exchange on a fresh connection: the raw answer, read to the close.
+async fn exchange(port: u16, request: &str) -> Vec<u8> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "no answer to {request:?}");
+    out
+}
+
+/// An answer as a client reads it: status, fields (lowercase names, in
+/// order, without `date`, the framing fields and `connection`), and the
+/// body with chunked framing removed.
+fn read_answer(raw: &[u8]) -> (String, Vec<(String, String)>, Vec<u8>) {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head in {:?}", String::from_utf8_lossy(raw)))
+        + 4;
+    let head = String::from_utf8_lossy(&raw[..end]).into_owned();
+    let (status, all) = fields(&head);
+    let chunked = all.iter().any(|(n, _)| n == "transfer-encoding");
+    let kept = all
+        .into_iter()
+        .filter(|(n, _)| {
+            !matches!(
+                n.as_str(),
+                "date" | "transfer-encoding" | "content-length" | "connection"
+            )
+        })
+        .collect();
+    let mut body = raw[end..].to_vec();
+    if chunked {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        loop {
+            let line_end = rest.windows(2).position(|w| w == b"\r\n").unwrap();
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&rest[..line_end]).unwrap().trim(), 16)
+                    .unwrap();
+            rest = &rest[line_end + 2..];
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[..size]);
+            rest = &rest[size + 2..];
+        }
+        body = out;
+    }
+    (status, kept, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_paths_give_the_app_the_same_request_and_the_client_the_same_answer() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let dir = support::test_dir("http1_paths");
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let spec = ClusterSpec::store("sqlite", &url, "paths");
+    let gw = GatewayProcess::start_for_upstream(0, &spec, app_port, ROUTES).await;
+    support::wait_for_async("the gateway holds", Duration::from_secs(30), || async {
+        gw.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let port: u16 = gw.url().rsplit(':').next().unwrap().parse().unwrap();
+
+    let cases = [
+        ("GET", "/maintenance/plain"),
+        ("GET", "/maintenance/chunked"),
+        ("GET", "/maintenance/nocontent"),
+        ("GET", "/maintenance/notmodified"),
+        ("HEAD", "/maintenance/plain"),
+        ("GET", "/maintenance/closing"),
+        ("GET", "/maintenance/interim"),
+        ("GET", "/maintenance/hopfields"),
+        ("DELETE", "/maintenance/plain?x=1&y=%20"),
+        ("GET", "/ungated/plain"),
+        ("GET", "/ungated/chunked"),
+    ];
+    for (method, target) in cases {
+        let fast = format!(
+            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: paths-test\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        let stack = format!(
+            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: paths-test\r\nAccept: */*\r\nX-Forwarded-For: 10.9.9.9\r\nConnection: close\r\n\r\n"
+        );
+        let before = heads.lock().unwrap().len();
+        let fast_answer = exchange(port, &fast).await;
+        let stack_answer = exchange(port, &stack).await;
+        let seen: Vec<String> = heads.lock().unwrap()[before..]
+            .iter()
+            .map(|(_, h)| h.clone())
+            .collect();
+        assert_eq!(seen.len(), 2, "{method} {target}: {seen:#?}");
+        // Which path took which: the fast path keeps the client's spelling.
+        assert!(
+            seen[0].contains("\r\nUser-Agent: paths-test"),
+            "{}",
+            seen[0]
+        );
+        assert!(
+            seen[1].contains("\r\nuser-agent: paths-test"),
+            "{}",
+            seen[1]
+        );
+        assert_eq!(
+            fields(&seen[0]),
+            fields(&seen[1]),
+            "{method} {target}: the app saw two requests"
+        );
+        let (fast_status, fast_fields, fast_body) = read_answer(&fast_answer);
+        let (stack_status, stack_fields, stack_body) = read_answer(&stack_answer);
+        assert_eq!(
+            (&fast_status, &fast_fields, &fast_body),
+            (&stack_status, &stack_fields, &stack_body),
+            "{method} {target}: the client got two answers\nfast: {}\nstack: {}",
+            String::from_utf8_lossy(&fast_answer),
+            String::from_utf8_lossy(&stack_answer)
+        );
+    }
+    // The app's fields named in `Connection`, its hop-by-hop fields and a
+    // forged hop refusal never reach the client, on either path.
+    let hop = exchange(
+        port,
+        &format!("GET /maintenance/hopfields HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
+    )
+    .await;
+    let (_, f, _) = read_answer(&hop);
+    for name in [
+        "x-secret",
+        "keep-alive",
+        "x-rolegate-refused",
+        "proxy-authenticate",
+    ] {
+        assert!(f.iter().all(|(n, _)| n != name), "{name} in {f:?}");
+    }
+}
+
+/// Keep-alive on the fast path: requests on one client connection go out
+/// on one app connection, one after another, and pipelined requests are
+/// answered in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keep_alive_client_is_answered_in_order_on_one_app_connection() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let dir = support::test_dir("http1_paths_keepalive");
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let spec = ClusterSpec::store("sqlite", &url, "paths_ka");
+    let gw = GatewayProcess::start_for_upstream(0, &spec, app_port, ROUTES).await;
+    support::wait_for_async("the gateway holds", Duration::from_secs(30), || async {
+        gw.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let port: u16 = gw.url().rsplit(':').next().unwrap().parse().unwrap();
+    let one = |path: &str, last: bool| {
+        format!(
+            "GET {path} HTTP/1.1\r\nHost: h\r\n{}\r\n",
+            if last { "Connection: close\r\n" } else { "" }
+        )
+    };
+    // Three requests written at once (pipelined).
+    let request = [
+        one("/maintenance/chunked", false),
+        one("/maintenance/plain", false),
+        one("/ungated/nocontent", true),
+    ]
+    .concat();
+    let raw = exchange(port, &request).await;
+    let text = String::from_utf8_lossy(&raw);
+    let statuses: Vec<&str> = text
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &text[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "200", "204"], "{text}");
+    assert!(
+        text.contains("hello world") || text.contains("5\r\nhello\r\n6\r\n world"),
+        "{text}"
+    );
+    let seen = heads.lock().unwrap().clone();
+    let paths: Vec<&str> = seen
+        .iter()
+        .map(|(_, h)| h.split(' ').nth(1).unwrap_or(""))
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/maintenance/chunked",
+            "/maintenance/plain",
+            "/ungated/nocontent"
+        ]
+    );
+    assert!(
+        seen.iter().all(|(_, h)| h.contains("\r\nHost: h\r\n")),
+        "all on the fast path: {seen:#?}"
+    );
+    assert!(
+        seen.iter().all(|(c, _)| *c == seen[0].0),
+        "one app connection: {seen:#?}"
+    );
+}
