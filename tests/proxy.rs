@@ -830,6 +830,18 @@ async fn a_stop_closes_idle_client_connections_at_once_not_at_the_drain_bound() 
     }
 }
 
+/// POST a small body to `path` on `client`, expecting a success.
+async fn post_ok(client: &mut hyper::client::conn::http1::SendRequest<Body>, path: &str) {
+    client.ready().await.unwrap();
+    let req = Request::post(path).header("host", "gateway.test");
+    let resp = client
+        .send_request(req.body(Body::from("x")).unwrap())
+        .await;
+    let resp = resp.unwrap();
+    assert!(resp.status().is_success(), "{path}: {}", resp.status());
+    resp.into_body().collect().await.unwrap();
+}
+
 /// GET `path` on `client`, expecting a success.
 async fn get_ok(client: &mut hyper::client::conn::http1::SendRequest<Body>, path: &str) {
     client.ready().await.unwrap();
@@ -849,9 +861,11 @@ async fn beyond_its_kept_connection_cap_a_worker_sends_through_the_pool() {
     let c = Cluster::start(spec).await;
     // Client A of the non-holder: its app request keeps the one connection,
     // so its forwarded request finds none left and takes the pool's hop to
-    // the holder, which outlives A (a kept hop would close with A).
+    // the holder, which outlives A (a kept hop would close with A). (A POST
+    // with a body: the full path's; a bodiless GET would take the fast
+    // path, which keeps its connection under the same cap.)
     let mut a = one_connection(c.gws[1].port).await;
-    get_ok(&mut a, "/plain/cap/a").await;
+    post_ok(&mut a, "/plain/cap/a").await;
     get_ok(&mut a, "/maintenance/cap/a").await;
     drop(a);
     let kept = from_ports(&c.apps[1], "/plain/cap/a")[0];
@@ -865,7 +879,7 @@ async fn beyond_its_kept_connection_cap_a_worker_sends_through_the_pool() {
     // so the holder (serving that hop as one client connection) answers it
     // on the same app connection as A's.
     let mut b = one_connection(c.gws[1].port).await;
-    get_ok(&mut b, "/plain/cap/b").await;
+    post_ok(&mut b, "/plain/cap/b").await;
     get_ok(&mut b, "/maintenance/cap/b").await;
     let holder_a = from_ports(&c.apps[0], "/maintenance/cap/a");
     let holder_b = from_ports(&c.apps[0], "/maintenance/cap/b");

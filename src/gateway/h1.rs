@@ -31,7 +31,9 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-use super::server::{serve_connection, Serving};
+use tokio::sync::Semaphore;
+
+use super::unread::UnreadBudget;
 use crate::events::EventLog;
 use crate::http1::head::{self, Asked, Framing, Parsed, Version};
 use crate::lease::{HeldLease, LocalWork};
@@ -86,18 +88,22 @@ struct Plan {
     local: Option<(HeldLease, LocalWork)>,
 }
 
-/// Serves a plain connection on the fast path until it closes, or hands it
-/// to hyper.
+/// Serves a plain connection on the fast path until it closes (None), or
+/// gives it back for hyper, with the bytes read from it in front.
+/// `budget` is the process's unread-bytes budget, `kept` the worker's
+/// share of kept app connections.
 pub(crate) async fn serve(
     mut client: TcpStream,
     conn: ConnectionFacts,
-    serving: Serving,
-    mut stop: Shutdown,
-) {
-    let Some(fast) = serving.0.fast() else {
-        return serve_connection(client, conn, serving, stop).await;
+    fast: &FastPath,
+    (budget, kept): (Arc<UnreadBudget>, Arc<Semaphore>),
+    stop: &mut Shutdown,
+) -> Option<Prefixed> {
+    let meter = Meter {
+        id: budget.new_id(),
+        budget,
+        evict: Arc::new(tokio::sync::Notify::new()),
     };
-    let fast = fast.clone();
     let mut inbuf = BytesMut::new();
     let mut app: Option<AppConn> = None;
     let mut first = true;
@@ -109,9 +115,9 @@ pub(crate) async fn serve(
         } else {
             fast.idle_timeout
         };
-        match read_head(&mut client, &mut inbuf, wait, &mut stop, &mut app).await {
+        match read_head(&mut client, &mut inbuf, wait, stop, &mut app).await {
             HeadRead::Ready => {}
-            HeadRead::Close => return,
+            HeadRead::Close => return None,
             HeadRead::Decline => break,
         }
         first = false;
@@ -120,20 +126,82 @@ pub(crate) async fn serve(
             break;
         };
         let next = fast
-            .exchange(&mut client, &mut inbuf, &mut app, plan, &out, &stop)
+            .exchange(
+                &mut client,
+                &mut inbuf,
+                (&mut app, &kept),
+                plan,
+                &out,
+                (stop, &meter),
+            )
             .await;
+        if inbuf.is_empty() {
+            pool::give(&mut inbuf);
+        }
         match next {
-            Next::KeepAlive if !stopping(&stop) => {}
-            Next::KeepAlive | Next::Close => return,
+            Next::KeepAlive if !stopping(stop) => {}
+            Next::KeepAlive | Next::Close => return None,
             Next::Decline => break,
         }
     }
     drop(app);
-    let io = Prefixed {
+    Some(Prefixed {
         head: inbuf.freeze(),
         io: client,
-    };
-    serve_connection(io, conn, serving, stop).await
+    })
+}
+
+/// Reads what the client sent into `buf`, which takes a pooled buffer only
+/// once there is something to read.
+async fn read_into(client: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usize> {
+    if buf.capacity() == 0 {
+        client.readable().await?;
+        *buf = pool::take();
+    } else if buf.capacity() - buf.len() < CHUNK / 2 {
+        buf.reserve(CHUNK);
+    }
+    client.read_buf(buf).await
+}
+
+/// Read buffers, per thread: a connection takes one when bytes arrive and
+/// gives it back when it has nothing left in it, so an idle keep-alive
+/// connection (and a stream waiting for its next event) holds none.
+mod pool {
+    use std::cell::RefCell;
+
+    use bytes::BytesMut;
+
+    use super::CHUNK;
+
+    /// Free buffers kept per thread at most.
+    const KEPT: usize = 256;
+
+    thread_local! {
+        static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn take() -> BytesMut {
+        FREE.with(|f| f.borrow_mut().pop())
+            .unwrap_or_else(|| BytesMut::with_capacity(CHUNK))
+    }
+
+    /// Gives back `buf` (emptied); one grown past a few chunks is freed.
+    pub(super) fn give(buf: &mut BytesMut) {
+        let mut b = std::mem::take(buf);
+        b.clear();
+        if b.capacity() < CHUNK {
+            // Reclaims the room `advance` left behind, without allocating.
+            b.reserve(CHUNK);
+        }
+        if b.capacity() <= 4 * CHUNK {
+            FREE.with(|f| {
+                let mut f = f.borrow_mut();
+                if f.len() < KEPT {
+                    f.push(b);
+                }
+            });
+        }
+    }
 }
 
 fn stopping(stop: &Shutdown) -> bool {
@@ -174,11 +242,8 @@ async fn read_head(
                 _ => return HeadRead::Decline,
             }
         }
-        if buf.capacity() - buf.len() < CHUNK / 2 {
-            buf.reserve(CHUNK);
-        }
         let read = tokio::select! {
-            r = client.read_buf(buf) => r,
+            r = read_into(client, buf) => r,
             _ = stop.recv(), if buf.is_empty() => return HeadRead::Close,
             _ = tokio::time::sleep_until(deadline) => return HeadRead::Close,
             closed = app_closed(app.as_ref()), if app.is_some() => {
@@ -318,15 +383,15 @@ impl FastPath {
         &self,
         client: &mut TcpStream,
         inbuf: &mut BytesMut,
-        app: &mut Option<AppConn>,
+        (app, kept): (&mut Option<AppConn>, &Arc<Semaphore>),
         mut plan: Plan,
         out: &[u8],
-        stop: &Shutdown,
+        (stop, meter): (&Shutdown, &Meter),
     ) -> Next {
         let started = Instant::now();
         let reused = app.is_some();
         if app.is_none() {
-            match self.connect().await {
+            match self.connect(kept).await {
                 Ok(c) => *app = Some(c),
                 // Nothing was sent: the stack tries, and answers, itself.
                 Err(_) => return Next::Decline,
@@ -334,6 +399,9 @@ impl FastPath {
         }
         // Committed: the head is this path's now.
         inbuf.advance(plan.head_len);
+        if inbuf.is_empty() {
+            pool::give(inbuf);
+        }
         let label = if plan.local.is_some() {
             "local"
         } else {
@@ -368,7 +436,7 @@ impl FastPath {
             match got {
                 Err(Failure::ClosedUnanswered) if may_retry => {
                     *app = None;
-                    match self.connect().await {
+                    match self.connect(kept).await {
                         Ok(c) => *app = Some(c),
                         Err(e) => break Err(Failure::Broken(e.to_string())),
                     }
@@ -404,9 +472,25 @@ impl FastPath {
         client_head(&mut head, &resp, closing);
         let streamed = {
             let _open = (resp.framing != Framing::Empty).then(telemetry::OpenGuard::stream);
+            // A body that may be large holds what waits for the client
+            // against the process's unread budget, as the stack's do.
+            let metered = match resp.framing {
+                Framing::Empty => false,
+                Framing::Length(n) => n > super::unread::UNMETERED_BELOW,
+                Framing::Chunked | Framing::UntilClose => true,
+            };
+            let client = Within {
+                io: client,
+                idle: self.idle_timeout,
+                meter: metered.then_some(meter),
+            };
             let moving = conn.relay(client, head, resp.framing, self.idle_timeout);
             tokio::select! {
                 r = moving => r,
+                _ = meter.evict.notified() => {
+                    tracing::debug!("the unread-bytes budget is full and this client waited longest; closing");
+                    Err(io::Error::other("evicted"))
+                }
                 _ = &mut over => {
                     if let Some((_, work)) = &plan.local {
                         let watch = work.watch();
@@ -419,9 +503,13 @@ impl FastPath {
             }
         };
         drop(plan.local.take());
+        if conn.buf.is_empty() {
+            pool::give(&mut conn.buf);
+        }
         match streamed {
             // Bytes past the answer would be read as the next one's.
-            Ok(()) if resp.reusable && !until_close && conn.buf.is_empty() => {}
+            Ok(())
+                if resp.reusable && !until_close && conn.buf.is_empty() && conn.kept.is_some() => {}
             Ok(()) => *app = None,
             Err(_) => {
                 // A body cut short: both connections end, as the stack ends them.
@@ -436,7 +524,9 @@ impl FastPath {
         }
     }
 
-    async fn connect(&self) -> io::Result<AppConn> {
+    /// A new app connection, kept past its exchange only while the
+    /// worker's share of kept connections has room.
+    async fn connect(&self, kept: &Arc<Semaphore>) -> io::Result<AppConn> {
         let connect = TcpStream::connect(self.address.as_str());
         let stream = tokio::time::timeout(self.connect_timeout, connect)
             .await
@@ -445,6 +535,7 @@ impl FastPath {
         Ok(AppConn {
             stream,
             buf: BytesMut::new(),
+            kept: kept.clone().try_acquire_owned().ok(),
         })
     }
 
@@ -546,6 +637,26 @@ fn client_head(out: &mut Vec<u8>, resp: &Answer, closing: bool) {
 struct AppConn {
     stream: TcpStream,
     buf: BytesMut,
+    /// Its place among the worker's kept connections; without one it
+    /// closes after its exchange.
+    kept: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+/// Gives back what a write held of the budget, however it ended.
+struct Release<'a>(&'a Meter);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.budget.release(self.0.id);
+    }
+}
+
+/// A connection's share of the process's unread-bytes budget.
+struct Meter {
+    budget: Arc<UnreadBudget>,
+    /// Told when this connection has waited longest with the budget full.
+    evict: Arc<tokio::sync::Notify>,
+    id: u64,
 }
 
 impl AppConn {
@@ -584,9 +695,7 @@ impl AppConn {
                     Err(e) => return Err(Failure::Broken(format!("bad answer head: {e:?}"))),
                 }
             }
-            if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
-                self.buf.reserve(CHUNK);
-            }
+            self.room();
             let read = tokio::select! {
                 r = self.stream.read_buf(&mut self.buf) => r,
                 _ = tokio::time::sleep_until(deadline) => return Err(Failure::Timeout),
@@ -606,12 +715,11 @@ impl AppConn {
     /// Writes `head` to the client, then the body as framed.
     async fn relay(
         &mut self,
-        client: &mut TcpStream,
+        mut client: Within<'_>,
         mut head: Vec<u8>,
         framing: Framing,
         idle: Duration,
     ) -> io::Result<()> {
-        let mut client = Within { io: client, idle };
         let client = &mut client;
         match framing {
             Framing::Empty => client.write_all(&head).await,
@@ -622,6 +730,7 @@ impl AppConn {
                 self.buf.advance(now);
                 left -= now as u64;
                 client.write_all(&head).await?;
+                drop(head);
                 while left > 0 {
                     self.fill(idle).await?;
                     let now = (self.buf.len() as u64).min(left) as usize;
@@ -633,6 +742,7 @@ impl AppConn {
             }
             Framing::Chunked => {
                 client.write_all(&head).await?;
+                drop(head);
                 let mut decoder = crate::http1::chunked::Decoder::new();
                 loop {
                     if !self.buf.is_empty() {
@@ -655,6 +765,7 @@ impl AppConn {
             }
             Framing::UntilClose => {
                 client.write_all(&head).await?;
+                drop(head);
                 loop {
                     if !self.buf.is_empty() {
                         client.write_all(&self.buf).await?;
@@ -670,11 +781,26 @@ impl AppConn {
         }
     }
 
-    /// Reads more of the answer; the end of the stream is an error here.
-    async fn fill(&mut self, idle: Duration) -> io::Result<()> {
-        if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
+    /// Room to read into: a pooled buffer when it has none.
+    fn room(&mut self) {
+        if self.buf.capacity() == 0 {
+            self.buf = pool::take();
+        } else if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
             self.buf.reserve(CHUNK);
         }
+    }
+
+    /// Reads more of the answer; the end of the stream is an error here.
+    async fn fill(&mut self, idle: Duration) -> io::Result<()> {
+        if self.buf.is_empty() {
+            // Nothing held while waiting: a stream between events keeps
+            // no buffer.
+            pool::give(&mut self.buf);
+            tokio::time::timeout(idle, self.stream.readable())
+                .await
+                .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle"))??;
+        }
+        self.room();
         let n = tokio::time::timeout(idle, self.stream.read_buf(&mut self.buf))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle"))??;
@@ -707,10 +833,20 @@ const HOP_BY_HOP: [&str; 8] = [
 struct Within<'a> {
     io: &'a mut TcpStream,
     idle: Duration,
+    meter: Option<&'a Meter>,
 }
 
 impl Within<'_> {
     async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let Some(meter) = self.meter else {
+            return self.write_unmetered(bytes).await;
+        };
+        meter.budget.hold(meter.id, bytes.len(), &meter.evict);
+        let _held = Release(meter);
+        self.write_unmetered(bytes).await
+    }
+
+    async fn write_unmetered(&mut self, bytes: &[u8]) -> io::Result<()> {
         let mut left = bytes;
         while !left.is_empty() {
             let n = tokio::time::timeout(self.idle, self.io.write(left))
@@ -825,7 +961,7 @@ async fn write_answer(
 
 /// A connection handed to hyper with the bytes already read from it in
 /// front: hyper reads them first, as if nothing had been read.
-struct Prefixed {
+pub(crate) struct Prefixed {
     head: bytes::Bytes,
     io: TcpStream,
 }

@@ -134,10 +134,14 @@ pub(crate) async fn serve(
             None => {
                 let facts = ConnectionFacts::plain(client);
                 let serving = (state, exchanges, limits.clone());
-                if serving.0.fast().is_some() {
+                if let Some(fast) = serving.0.fast().cloned() {
                     tokio::spawn(async move {
                         let _held = (slot, open);
-                        super::h1::serve(stream, facts, serving, conn_stop).await
+                        let shared = (serving.2.unread.clone(), serving.1 .1.clone());
+                        let fast = super::h1::serve(stream, facts, &fast, shared, &mut conn_stop);
+                        if let Some(declined) = fast.await {
+                            serve_connection(declined, facts, serving, conn_stop).await
+                        }
                     });
                     continue;
                 }

@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 /// A body whose size is known and at most this is not metered: it is one
 /// small frame, bounded by the per-stream limits already.
-const UNMETERED_BELOW: u64 = 16 * 1024;
+pub(crate) const UNMETERED_BELOW: u64 = 16 * 1024;
 
 /// The budget and who holds what of it.
 pub(crate) struct UnreadBudget {
@@ -48,7 +48,7 @@ impl UnreadBudget {
         })
     }
 
-    fn new_id(&self) -> u64 {
+    pub(crate) fn new_id(&self) -> u64 {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger.next_id += 1;
         ledger.next_id
@@ -56,7 +56,7 @@ impl UnreadBudget {
 
     /// `id` now holds `bytes` unread; over the budget, the longest-waiting
     /// other holders' connections are closed until it fits.
-    fn hold(&self, id: u64, bytes: usize, evict: &Arc<Notify>) {
+    pub(crate) fn hold(&self, id: u64, bytes: usize, evict: &Arc<Notify>) {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         ledger.used += bytes;
         let holder = Holder {
@@ -84,7 +84,7 @@ impl UnreadBudget {
         metrics::gauge!(crate::telemetry::UNREAD_BYTES).set(ledger.used as f64);
     }
 
-    fn release(&self, id: u64) {
+    pub(crate) fn release(&self, id: u64) {
         let mut ledger = self.ledger.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = ledger.holders.remove(&id) {
             ledger.used -= h.bytes;
