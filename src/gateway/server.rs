@@ -140,7 +140,10 @@ pub(crate) async fn serve(
                         let shared = (serving.2.unread.clone(), serving.1 .1.clone());
                         let fast = super::h1::serve(stream, facts, &fast, shared, &mut conn_stop);
                         if let Some(declined) = fast.await {
-                            serve_connection(declined, facts, serving, conn_stop).await
+                            // Boxed: a connection on the fast path does not
+                            // carry the full path's (larger) state.
+                            let full = serve_connection(declined, facts, serving, conn_stop);
+                            Box::pin(full).await
                         }
                     });
                     continue;
