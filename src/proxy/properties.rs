@@ -342,3 +342,105 @@ proptest! {
         }
     }
 }
+
+/// The HTTP/1.1 fast path passes a request on only when every field of it
+/// passes [`passes_unchanged`](super::headers::passes_unchanged): each such
+/// field must reach the app as the full path's sanitizer leaves it, that is,
+/// untouched, whether or not the client is trusted.
+#[cfg(feature = "gateway")]
+mod fast_path_fields {
+    use super::*;
+    use crate::proxy::forward::sanitize_headers;
+    use crate::proxy::headers::passes_unchanged;
+
+    /// Field names: the ones the gateway treats specially, and any token.
+    fn name() -> impl Strategy<Value = String> {
+        let known = [
+            "host",
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "content-length",
+            "expect",
+            "forwarded",
+            "x-forwarded-for",
+            "x-forwarded-host",
+            "x-real-ip",
+            "cf-connecting-ip",
+            "via",
+            "x-rolegate-role",
+            "x-rolegate-hop",
+            "x-original-url",
+            "x-script-name",
+            "proxy-authorization",
+            "http2-settings",
+            "user-agent",
+            "accept",
+            "cookie",
+            "x-device-id",
+            "traceparent",
+        ];
+        prop_oneof![
+            proptest::sample::select(known.to_vec()).prop_map(str::to_string),
+            "[a-z0-9-]{1,24}",
+            "[a-z0-9!#$%&'*+.^_`|~-]{1,24}",
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn a_field_the_fast_path_passes_is_one_the_sanitizer_leaves(
+            name in name(),
+            value in "[ -~]{0,16}",
+            trusted in any::<bool>(),
+            upgrades in any::<bool>(),
+        ) {
+            let Ok(header) = HeaderName::from_bytes(name.as_bytes()) else {
+                return Ok(());
+            };
+            let Ok(value) = HeaderValue::from_str(value.trim()) else {
+                return Ok(());
+            };
+            if !passes_unchanged(header.as_str()) {
+                return Ok(());
+            }
+            let mut headers = HeaderMap::new();
+            headers.insert(http::header::HOST, HeaderValue::from_static("app.test"));
+            headers.append(header.clone(), value.clone());
+            let before = headers.clone();
+            let allowed = if upgrades { vec!["websocket".to_string()] } else { Vec::new() };
+            sanitize_headers(&mut headers, trusted, &allowed);
+            prop_assert_eq!(headers, before, "{} was changed", header);
+        }
+    }
+
+    #[test]
+    fn the_fields_the_gateway_rewrites_are_not_passed() {
+        for name in [
+            "connection",
+            "te",
+            "upgrade",
+            "transfer-encoding",
+            "content-length",
+            "expect",
+            "forwarded",
+            "x-forwarded-for",
+            "via",
+            "x-rolegate-token",
+            "x_device_id",
+            "x.device.id",
+            "x-original-url",
+            "host",
+        ] {
+            assert!(!passes_unchanged(name), "{name}");
+        }
+        assert!(passes_unchanged("x-device-id"));
+        assert!(passes_unchanged("user-agent"));
+    }
+}
