@@ -66,6 +66,8 @@ fn answer(path: &str, head_request: bool) -> (Vec<u8>, bool) {
             a.extend(plain(""));
             (a, false)
         }
+        // Reads the request, then closes without a word.
+        "hangup" => (Vec::new(), true),
         "hopfields" => (
             plain("Keep-Alive: timeout=5\r\nConnection: X-Secret\r\nX-Secret: 1\r\nX-Rolegate-Refused: forged\r\nProxy-Authenticate: Basic\r\n"),
             false,
@@ -332,4 +334,39 @@ async fn a_keep_alive_client_is_answered_in_order_on_one_app_connection() {
         seen.iter().all(|(c, _)| *c == seen[0].0),
         "one app connection: {seen:#?}"
     );
+}
+
+/// A GET on a kept app connection that the app reads and then closes
+/// without answering is never sent again (the app may have run it): the
+/// client gets a 502 `upstream-unreachable` and the app saw it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_the_app_read_and_left_unanswered_is_not_sent_again() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let dir = support::test_dir("http1_paths_hangup");
+    let url = format!("sqlite://{}/leases.db", dir.display());
+    let spec = ClusterSpec::store("sqlite", &url, "paths_hangup");
+    let gw = GatewayProcess::start_for_upstream(0, &spec, app_port, ROUTES).await;
+    support::wait_for_async("the gateway holds", Duration::from_secs(30), || async {
+        gw.held().await.get("maintenance").is_some_and(|h| h.0)
+    })
+    .await;
+    let port: u16 = gw.url().rsplit(':').next().unwrap().parse().unwrap();
+    // The first request keeps an app connection; the second goes out on it.
+    let request = "GET /maintenance/plain HTTP/1.1\r\nHost: h\r\n\r\nGET /maintenance/hangup HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+    let raw = exchange(port, request).await;
+    let text = String::from_utf8_lossy(&raw);
+    let statuses: Vec<&str> = text
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| &text[i + 9..i + 12])
+        .collect();
+    assert_eq!(statuses, ["200", "502"], "{text}");
+    assert!(text.contains("upstream-unreachable"), "{text}");
+    let seen = heads.lock().unwrap().clone();
+    let hangups: Vec<_> = seen
+        .iter()
+        .filter(|(_, h)| h.contains("/maintenance/hangup"))
+        .collect();
+    assert_eq!(hangups.len(), 1, "run once at the app: {seen:#?}");
+    assert_eq!(hangups[0].0, seen[0].0, "on the kept connection: {seen:#?}");
 }

@@ -581,7 +581,8 @@ enum Failure {
     TermEnded,
     Timeout,
     Unasked101,
-    /// A kept connection closed before a byte of an answer.
+    /// Writing the head to a kept connection failed: the app had closed
+    /// it, so it read none of this request (sent again on a new one).
     ClosedUnanswered,
     Broken(String),
 }
@@ -702,11 +703,14 @@ impl AppConn {
                 _ = tokio::time::sleep_until(deadline) => return Err(Failure::Timeout),
             };
             match read {
-                Ok(0) if !any => return Err(Failure::ClosedUnanswered),
-                Ok(0) => return Err(Failure::Broken("the app closed mid-answer".into())),
-                Err(e) if !any && e.kind() == io::ErrorKind::ConnectionReset => {
-                    return Err(Failure::ClosedUnanswered)
+                // The head was written: the app may have run it, so it is
+                // never sent again, whatever the method.
+                Ok(0) if !any => {
+                    return Err(Failure::Broken(
+                        "the app closed the connection before answering".into(),
+                    ))
                 }
+                Ok(0) => return Err(Failure::Broken("the app closed mid-answer".into())),
                 Err(e) => return Err(Failure::Broken(e.to_string())),
                 Ok(_) => any = true,
             }
