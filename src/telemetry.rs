@@ -24,6 +24,10 @@ pub(crate) const PROXY_REQUESTS: &str = "rolegate_proxy_requests_total";
 /// Histogram: time to the response head, by `target` (holder, upstream).
 pub(crate) const FORWARD_LATENCY: &str = "rolegate_forward_seconds";
 #[cfg(feature = "gateway")]
+/// Counter: requests the gateway's HTTP/1.1 fast path answered (the rest
+/// of `rolegate_proxy_requests_total` went through the full stack).
+pub(crate) const FAST_PATH_REQUESTS: &str = "rolegate_fast_path_requests_total";
+#[cfg(feature = "gateway")]
 /// Gauge: response bodies still streaming.
 pub(crate) const OPEN_STREAMS: &str = "rolegate_open_streams";
 /// Gauge: upgraded (WebSocket) connections open.
@@ -122,6 +126,11 @@ fn describe() {
         Unit::Seconds,
         "time to the response head, by target"
     );
+    #[cfg(feature = "gateway")]
+    describe_counter!(
+        FAST_PATH_REQUESTS,
+        "requests answered by the HTTP/1.1 fast path"
+    );
     describe_gauge!(OPEN_STREAMS, "response bodies still streaming");
     describe_gauge!(OPEN_UPGRADES, "upgraded connections open");
     describe_gauge!(CANDIDATE, "1 while this instance contends for roles");
@@ -203,6 +212,8 @@ pub(crate) struct RequestMetrics {
     #[cfg(feature = "gateway")]
     pub forward_upstream: metrics::Histogram,
     #[cfg(feature = "gateway")]
+    pub fast_path: metrics::Counter,
+    #[cfg(feature = "gateway")]
     pub open_streams: metrics::Gauge,
     pub open_upgrades: metrics::Gauge,
 }
@@ -245,6 +256,8 @@ pub(crate) fn request_metrics() -> &'static RequestMetrics {
         forward_holder: metrics::histogram!(FORWARD_LATENCY, "target" => "holder"),
         #[cfg(feature = "gateway")]
         forward_upstream: metrics::histogram!(FORWARD_LATENCY, "target" => "upstream"),
+        #[cfg(feature = "gateway")]
+        fast_path: metrics::counter!(FAST_PATH_REQUESTS),
         #[cfg(feature = "gateway")]
         open_streams: metrics::gauge!(OPEN_STREAMS),
         open_upgrades: metrics::gauge!(OPEN_UPGRADES),

@@ -187,90 +187,207 @@ fn read_answer(raw: &[u8]) -> (String, Vec<(String, String)>, Vec<u8>) {
     (status, kept, body)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn both_paths_give_the_app_the_same_request_and_the_client_the_same_answer() {
-    let heads: Heads = Arc::default();
-    let app_port = raw_app(heads.clone()).await;
-    let dir = support::test_dir("http1_paths");
+/// A spec on its own SQLite store. `stack` turns the access log on, which
+/// keeps the fast path off: that gateway serves every request through the
+/// full stack. Gateways of both kinds are named `gw0`, `gw1`, ... so the
+/// fields that name them read the same.
+fn spec(tag: &str, stack: bool) -> ClusterSpec {
+    let dir = support::test_dir(tag);
     let url = format!("sqlite://{}/leases.db", dir.display());
-    let spec = ClusterSpec::store("sqlite", &url, "paths");
-    let gw = GatewayProcess::start_for_upstream(0, &spec, app_port, ROUTES).await;
+    let spec = ClusterSpec::store("sqlite", &url, tag)
+        .with_proxy("  cluster_secret: differential-secret-0123\n");
+    match stack {
+        true => spec.with_extra("telemetry:\n  access_log:\n    format: json\n    to: stderr\n"),
+        false => spec,
+    }
+}
+
+fn port_of(gw: &GatewayProcess) -> u16 {
+    gw.url().rsplit(':').next().unwrap().parse().unwrap()
+}
+
+/// `text` with each instance id (`gw0-1a2b3c4d`: the name and a random
+/// suffix) cut to its name, so two gateways of one name read the same.
+fn unnamed(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("gw") {
+        let (before, at) = rest.split_at(i);
+        out.push_str(before);
+        let b = at.as_bytes();
+        let id = b.len() >= 12
+            && b[2].is_ascii_digit()
+            && b[3] == b'-'
+            && b[4..12].iter().all(u8::is_ascii_hexdigit);
+        if id {
+            out.push_str(&at[..3]);
+            rest = &at[12..];
+        } else {
+            out.push_str("gw");
+            rest = &at[2..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// `rolegate_fast_path_requests_total` of a gateway.
+async fn fast_count(gw: &GatewayProcess) -> u64 {
+    let (_, _, body) = support::cluster::get(&format!("{}/metrics", gw.admin_url()))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .find_map(|l| l.strip_prefix("rolegate_fast_path_requests_total "))
+        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+}
+
+/// The ways each case is sent: as a plain client would, which the fast
+/// path writes from the bytes received; and with fields the gateway
+/// removes or rewrites (an untrusted `X-Forwarded-For`, a field named in
+/// `Connection`, a forged rolegate field), which it prepares as the stack
+/// does.
+fn variants(method: &str, target: &str) -> [String; 2] {
+    let head = format!(
+        "{method} {target} HTTP/1.1\r\nHost: app.example\r\nUser-Agent: paths-test\r\nAccept: */*\r\n"
+    );
+    [
+        format!("{head}Connection: close\r\n\r\n"),
+        format!(
+            "{head}X-Forwarded-For: 10.9.9.9\r\nX-Drop: 1\r\nX-Rolegate-Token: 99\r\nConnection: close, X-Drop\r\n\r\n"
+        ),
+    ]
+}
+
+/// Sends each case to `fast` and to `stack` (which both reach the app
+/// behind `heads`) and asserts that the app saw the same request and the
+/// client got the same answer, and that the fast path answered each one
+/// at every gateway in `took` (the ones it crossed).
+async fn differential(
+    heads: &Heads,
+    (fast, stack): (&GatewayProcess, &GatewayProcess),
+    took: &[&GatewayProcess],
+    cases: &[(&str, &str)],
+) {
+    for (method, target) in cases {
+        for request in variants(method, target) {
+            let counted: Vec<u64> = futures_util::future::join_all(took.iter().map(|g| fast_count(g))).await;
+            let before = heads.lock().unwrap().len();
+            let fast_answer = exchange(port_of(fast), &request).await;
+            let after_fast = heads.lock().unwrap().len();
+            let stack_answer = exchange(port_of(stack), &request).await;
+            let seen: Vec<String> = heads.lock().unwrap()[before..]
+                .iter()
+                .map(|(_, h)| unnamed(h))
+                .collect();
+            assert_eq!(
+                (after_fast - before, seen.len()),
+                (1, 2),
+                "{method} {target}: {seen:#?}"
+            );
+            for (g, was) in took.iter().zip(counted) {
+                assert_eq!(
+                    fast_count(g).await,
+                    was + 1,
+                    "{method} {target}: the fast path did not answer it at {}\n{request}",
+                    g.url()
+                );
+            }
+            assert_eq!(
+                fields(&seen[0]),
+                fields(&seen[1]),
+                "{method} {target}: the app saw two requests\n{request}"
+            );
+            let (fast_status, fast_fields, fast_body) = read_answer(&fast_answer);
+            let (stack_status, stack_fields, stack_body) = read_answer(&stack_answer);
+            assert_eq!(
+                (&fast_status, &fast_fields, &fast_body),
+                (&stack_status, &stack_fields, &stack_body),
+                "{method} {target}: the client got two answers\nfast: {}\nstack: {}",
+                String::from_utf8_lossy(&fast_answer),
+                String::from_utf8_lossy(&stack_answer)
+            );
+        }
+    }
+}
+
+const CASES: [(&str, &str); 11] = [
+    ("GET", "/maintenance/plain"),
+    ("GET", "/maintenance/chunked"),
+    ("GET", "/maintenance/nocontent"),
+    ("GET", "/maintenance/notmodified"),
+    ("HEAD", "/maintenance/plain"),
+    ("GET", "/maintenance/closing"),
+    ("GET", "/maintenance/interim"),
+    ("GET", "/maintenance/hopfields"),
+    ("DELETE", "/maintenance/plain?x=1&y=%20"),
+    ("GET", "/ungated/plain"),
+    ("GET", "/ungated/chunked"),
+];
+
+async fn holding(gw: &GatewayProcess) {
     support::wait_for_async("the gateway holds", Duration::from_secs(30), || async {
         gw.held().await.get("maintenance").is_some_and(|h| h.0)
     })
     .await;
-    let port: u16 = gw.url().rsplit(':').next().unwrap().parse().unwrap();
+}
 
-    let cases = [
-        ("GET", "/maintenance/plain"),
-        ("GET", "/maintenance/chunked"),
-        ("GET", "/maintenance/nocontent"),
-        ("GET", "/maintenance/notmodified"),
-        ("HEAD", "/maintenance/plain"),
-        ("GET", "/maintenance/closing"),
-        ("GET", "/maintenance/interim"),
-        ("GET", "/maintenance/hopfields"),
-        ("DELETE", "/maintenance/plain?x=1&y=%20"),
-        ("GET", "/ungated/plain"),
-        ("GET", "/ungated/chunked"),
-    ];
-    for (method, target) in cases {
-        let fast = format!(
-            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: paths-test\r\nAccept: */*\r\nConnection: close\r\n\r\n"
-        );
-        let stack = format!(
-            "{method} {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUser-Agent: paths-test\r\nAccept: */*\r\nX-Forwarded-For: 10.9.9.9\r\nConnection: close\r\n\r\n"
-        );
-        let before = heads.lock().unwrap().len();
-        let fast_answer = exchange(port, &fast).await;
-        let stack_answer = exchange(port, &stack).await;
-        let seen: Vec<String> = heads.lock().unwrap()[before..]
-            .iter()
-            .map(|(_, h)| h.clone())
-            .collect();
-        assert_eq!(seen.len(), 2, "{method} {target}: {seen:#?}");
-        // Which path took which: the fast path keeps the client's spelling.
-        assert!(
-            seen[0].contains("\r\nUser-Agent: paths-test"),
-            "{}",
-            seen[0]
-        );
-        assert!(
-            seen[1].contains("\r\nuser-agent: paths-test"),
-            "{}",
-            seen[1]
-        );
-        assert_eq!(
-            fields(&seen[0]),
-            fields(&seen[1]),
-            "{method} {target}: the app saw two requests"
-        );
-        let (fast_status, fast_fields, fast_body) = read_answer(&fast_answer);
-        let (stack_status, stack_fields, stack_body) = read_answer(&stack_answer);
-        assert_eq!(
-            (&fast_status, &fast_fields, &fast_body),
-            (&stack_status, &stack_fields, &stack_body),
-            "{method} {target}: the client got two answers\nfast: {}\nstack: {}",
-            String::from_utf8_lossy(&fast_answer),
-            String::from_utf8_lossy(&stack_answer)
-        );
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_paths_give_the_app_the_same_request_and_the_client_the_same_answer() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let fast = GatewayProcess::start_for_upstream(0, &spec("paths_fast", false), app_port, ROUTES).await;
+    let stack = GatewayProcess::start_for_upstream(0, &spec("paths_stack", true), app_port, ROUTES).await;
+    holding(&fast).await;
+    holding(&stack).await;
+    differential(&heads, (&fast, &stack), &[&fast], &CASES).await;
     // The app's fields named in `Connection`, its hop-by-hop fields and a
     // forged hop refusal never reach the client, on either path.
-    let hop = exchange(
-        port,
-        &format!("GET /maintenance/hopfields HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"),
-    )
-    .await;
-    let (_, f, _) = read_answer(&hop);
-    for name in [
-        "x-secret",
-        "keep-alive",
-        "x-rolegate-refused",
-        "proxy-authenticate",
-    ] {
-        assert!(f.iter().all(|(n, _)| n != name), "{name} in {f:?}");
+    for gw in [&fast, &stack] {
+        let hop = exchange(
+            port_of(gw),
+            "GET /maintenance/hopfields HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        let (_, f, _) = read_answer(&hop);
+        for name in [
+            "x-secret",
+            "keep-alive",
+            "x-rolegate-refused",
+            "proxy-authenticate",
+        ] {
+            assert!(f.iter().all(|(n, _)| n != name), "{name} in {f:?}");
+        }
     }
+}
+
+/// A request forwarded to the holder: through two fast gateways (the
+/// forwarder's hop and the holder's admission both on the fast path) and
+/// through two stack gateways, the app sees the same request (the same
+/// forwarding chain, the holder's role and token) and the client the same
+/// answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forwarded_request_is_the_same_on_both_paths() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let (fast_spec, stack_spec) = (spec("paths_fwd_fast", false), spec("paths_fwd_stack", true));
+    let fast_holder = GatewayProcess::start_for_upstream(0, &fast_spec, app_port, ROUTES).await;
+    let stack_holder = GatewayProcess::start_for_upstream(0, &stack_spec, app_port, ROUTES).await;
+    holding(&fast_holder).await;
+    holding(&stack_holder).await;
+    let fast = GatewayProcess::start_for_upstream(1, &fast_spec, app_port, ROUTES).await;
+    let stack = GatewayProcess::start_for_upstream(1, &stack_spec, app_port, ROUTES).await;
+    for gw in [&fast, &stack] {
+        support::wait_for_async("the forwarder knows the holder", Duration::from_secs(30), || async {
+            gw.held().await.get("maintenance").is_some_and(|h| !h.0 && h.1 > 0)
+        })
+        .await;
+    }
+    let gated: Vec<_> = CASES.iter().copied().filter(|(_, t)| t.starts_with("/maintenance")).collect();
+    differential(&heads, (&fast, &stack), &[&fast, &fast_holder], &gated).await;
+    // The hop crossed both: the holder's Via names the forwarder.
+    let last = heads.lock().unwrap().last().unwrap().1.clone();
+    assert!(last.contains("rolegate (gw1-"), "{last}");
 }
 
 /// Keep-alive on the fast path: requests on one client connection go out

@@ -39,8 +39,12 @@ use crate::http1::head::{self, Asked, Framing, Parsed, Version};
 use crate::lease::{HeldLease, LocalWork};
 use crate::listener::HEADER_READ_TIMEOUT;
 use crate::proxy::forward::ForwardError;
-use crate::proxy::gate::{GateSettings, GateTarget};
-use crate::proxy::headers::{add_forwarding, passes_unchanged, ROLE, TOKEN};
+use crate::proxy::forward::{add_forwarding_fields, sanitize_headers};
+use crate::proxy::gate::{Decision, GateSettings, GateTarget};
+use crate::proxy::headers::{
+    add_forwarding, is_upgrade_request, passes_unchanged, HOP, ROLE, TOKEN,
+};
+use crate::proxy::problem::is_grpc;
 use crate::proxy::problem::{Problem, Reason};
 use crate::proxy::stack::{term_ended, ConnectionFacts, Routes};
 use crate::proxy::{failure_problem, NextHop};
@@ -60,6 +64,11 @@ pub(crate) struct FastPath {
     pub(crate) response_timeout: Duration,
     pub(crate) idle_timeout: Duration,
     pub(crate) events: Option<Arc<EventLog>>,
+    /// Hops to holders are plain HTTP/1.1 (`peers`: no TLS, `http1`), so
+    /// this path may take them.
+    pub(crate) forwards: bool,
+    /// `peers.require_client_cert`: a hop-marked request is the stack's.
+    pub(crate) hops_need_peer_cert: bool,
 }
 
 /// Bytes read from the client at a time, and the start of a buffer.
@@ -84,8 +93,84 @@ struct Plan {
     /// one turns out closed before answering.
     idempotent: bool,
     keep_alive: bool,
-    /// Under the lease, when gated.
-    local: Option<(HeldLease, LocalWork)>,
+    dest: Dest,
+}
+
+/// Where a request goes next.
+enum Dest {
+    /// The app: under the lease when gated (local work), else passed through.
+    App(Option<(HeldLease, LocalWork)>),
+    /// The role's holder, one hop away.
+    Holder {
+        role: Arc<str>,
+        partition: Option<Arc<str>>,
+        /// As the holder advertises itself, for the problems that name it.
+        address: Arc<str>,
+        /// `host:port` to connect to.
+        at: String,
+        /// The method and target, which a holder's refusal is signed over.
+        signed: (String, String),
+    },
+}
+
+impl Dest {
+    fn local(&self) -> Option<&(HeldLease, LocalWork)> {
+        match self {
+            Dest::App(local) => local.as_ref(),
+            Dest::Holder { .. } => None,
+        }
+    }
+}
+
+/// The one valid `Host` of a head; None (declined) for none, several, or
+/// one the stack would read otherwise.
+fn one_host<'a>(fields: &[httparse::Header<'a>]) -> Option<&'a [u8]> {
+    let mut hosts = fields.iter().filter(|f| f.name.eq_ignore_ascii_case("host"));
+    let host = hosts.next()?.value;
+    if hosts.next().is_some()
+        || host.is_empty()
+        || host.contains(&b'@')
+        || http::uri::Authority::try_from(host).is_err()
+    {
+        return None;
+    }
+    Some(host)
+}
+
+/// Whether every field passes on as sent: `Connection` only as
+/// `keep-alive` or `close` (naming no field), no gRPC content (the stack
+/// answers its failures in gRPC's own statuses), and no other field the
+/// stack removes, rewrites or reads.
+fn all_plain(fields: &[httparse::Header<'_>]) -> bool {
+    let mut name = [0u8; 64];
+    fields.iter().all(|f| {
+        let n = f.name.len();
+        if n > name.len() {
+            return false;
+        }
+        name[..n].copy_from_slice(f.name.as_bytes());
+        name[..n].make_ascii_lowercase();
+        match std::str::from_utf8(&name[..n]) {
+            Ok("host") => true,
+            Ok("connection") => {
+                f.value.eq_ignore_ascii_case(b"keep-alive") || f.value.eq_ignore_ascii_case(b"close")
+            }
+            Ok("content-type") => !f
+                .value
+                .get(..16)
+                .is_some_and(|v| v.eq_ignore_ascii_case(b"application/grpc")),
+            Ok(other) => passes_unchanged(other),
+            Err(_) => false,
+        }
+    })
+}
+
+/// `METHOD target HTTP/1.1\r\n`.
+fn write_request_line(out: &mut Vec<u8>, method: &str, target: &str) {
+    out.extend_from_slice(method.as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
 }
 
 /// Serves a plain connection on the fast path until it closes (None), or
@@ -281,8 +366,8 @@ async fn app_closed(app: Option<&AppConn>) -> bool {
 }
 
 impl FastPath {
-    /// The plan for the head at the start of `buf` and its upstream head in
-    /// `out`, or None to decline it.
+    /// The plan for the head at the start of `buf` and its next hop's head
+    /// in `out`, or None to decline it.
     fn plan(&self, buf: &[u8], client: SocketAddr, out: &mut Vec<u8>) -> Option<Plan> {
         let mut slots = head::header_slots();
         let Ok(Parsed::Complete(head::Request::Head(h))) = head::parse_request(buf, &mut slots)
@@ -295,77 +380,19 @@ impl FastPath {
         let target = h.path_and_query;
         // What hyper's `Uri` reads as the path: a fragment or a byte it
         // would read differently is left to it.
-        if !target.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
+        if !target.starts_with('/') || !target.bytes().all(|b| b.is_ascii_graphic() && b != b'#') {
             return None;
         }
         let path = target.split('?').next().unwrap_or(target);
-        let mut host: Option<&[u8]> = None;
-        let mut name = [0u8; 64];
-        for f in h.headers {
-            let n = f.name.len();
-            if n > name.len() {
-                return None;
-            }
-            name[..n].copy_from_slice(f.name.as_bytes());
-            name[..n].make_ascii_lowercase();
-            let lower = std::str::from_utf8(&name[..n]).ok()?;
-            match lower {
-                "host" if host.is_none() => host = Some(f.value),
-                // `Connection: keep-alive` or `close` only: nothing named.
-                "connection"
-                    if f.value.eq_ignore_ascii_case(b"keep-alive")
-                        || f.value.eq_ignore_ascii_case(b"close") => {}
-                "expect" => return None,
-                other if passes_unchanged(other) => {}
-                _ => return None,
-            }
-        }
-        let host = host?;
-        if host.is_empty() || host.contains(&b'@') || http::uri::Authority::try_from(host).is_err()
-        {
-            return None;
-        }
-        let target_of = self.routes.lookup(path).ok()?;
-        let local = match target_of.as_deref() {
-            None => None,
-            Some(GateTarget::Role(lease)) => Some(lease.begin_local()?),
-            Some(GateTarget::Partition { .. }) => return None,
+        let host = one_host(h.headers)?;
+        let gate = self.routes.lookup(path).ok()?;
+        let gate = gate.as_deref();
+        let plain = !matches!(gate, Some(GateTarget::Partition { .. })) && all_plain(h.headers);
+        let dest = if plain {
+            self.plain(&h, host, gate, client, out)?
+        } else {
+            self.prepared(&h, gate, client, out)?
         };
-        // The upstream head: the request line and fields as received,
-        // `Connection` dropped (hop-by-hop), then what the stack adds.
-        out.extend_from_slice(h.method.as_bytes());
-        out.push(b' ');
-        out.extend_from_slice(target.as_bytes());
-        out.extend_from_slice(b" HTTP/1.1\r\n");
-        for f in h.headers {
-            if f.name.eq_ignore_ascii_case("connection") {
-                continue;
-            }
-            push_field(out, f.name.as_bytes(), f.value);
-        }
-        let mut added = http::HeaderMap::with_capacity(8);
-        if let Ok(v) = http::HeaderValue::from_bytes(host) {
-            added.insert(http::header::HOST, v);
-        }
-        add_forwarding(
-            &mut added,
-            Some(client),
-            &self.settings.instance_id,
-            "http",
-            false,
-        );
-        if let Some((lease, _)) = &local {
-            if let Ok(v) = http::HeaderValue::from_str(&lease.role) {
-                added.insert(ROLE, v);
-            }
-            added.insert(TOKEN, http::HeaderValue::from(lease.token));
-        }
-        for (n, v) in &added {
-            if n != http::header::HOST {
-                push_field(out, n.as_str().as_bytes(), v.as_bytes());
-            }
-        }
-        out.extend_from_slice(b"\r\n");
         let method = h.method;
         Some(Plan {
             head_len: h.len,
@@ -376,8 +403,174 @@ impl FastPath {
             },
             idempotent: matches!(method, "GET" | "HEAD" | "OPTIONS"),
             keep_alive: h.keep_alive,
-            local,
+            dest,
         })
+    }
+
+    /// A request whose fields all pass on as sent: its head is written
+    /// from the bytes received, with `Connection` dropped (hop-by-hop) and
+    /// what the stack adds after them. The stack would change nothing
+    /// else of it (`passes_unchanged`, held to the stack's sanitizer by a
+    /// property test).
+    fn plain(
+        &self,
+        h: &head::RequestHead<'_, '_>,
+        host: &[u8],
+        gate: Option<&GateTarget>,
+        client: SocketAddr,
+        out: &mut Vec<u8>,
+    ) -> Option<Dest> {
+        let dest = match gate {
+            None => Dest::App(None),
+            Some(GateTarget::Role(lease)) => match lease.begin_local() {
+                Some(local) => Dest::App(Some(local)),
+                None => {
+                    let holder = lease.current_holder().filter(|h| !h.here)?;
+                    self.holder((lease.name().clone(), None), holder.address, h)?
+                }
+            },
+            Some(GateTarget::Partition { .. }) => return None,
+        };
+        write_request_line(out, h.method, h.path_and_query);
+        for f in h.headers {
+            if !f.name.eq_ignore_ascii_case("connection") {
+                push_field(out, f.name.as_bytes(), f.value);
+            }
+        }
+        let mut added = http::HeaderMap::with_capacity(8);
+        if let Ok(v) = http::HeaderValue::from_bytes(host) {
+            added.insert(http::header::HOST, v);
+        }
+        let to_peer = matches!(dest, Dest::Holder { .. });
+        add_forwarding(
+            &mut added,
+            Some(client),
+            &self.settings.instance_id,
+            "http",
+            to_peer,
+        );
+        self.mark(&mut added, &dest, h.method, h.path_and_query);
+        for (n, v) in &added {
+            if n != http::header::HOST {
+                push_field(out, n.as_str().as_bytes(), v.as_bytes());
+            }
+        }
+        out.extend_from_slice(b"\r\n");
+        Some(dest)
+    }
+
+    /// Any other request the path takes: its fields go through the same
+    /// steps as on the stack (the hop marker verified, the fields
+    /// sanitized, the gate's decision, the forwarding fields added), and
+    /// the head is written from the result, as hyper would write it.
+    fn prepared(
+        &self,
+        h: &head::RequestHead<'_, '_>,
+        gate: Option<&GateTarget>,
+        client: SocketAddr,
+        out: &mut Vec<u8>,
+    ) -> Option<Dest> {
+        let mut headers = http::HeaderMap::with_capacity(h.headers.len() + 8);
+        for f in h.headers {
+            let name = http::HeaderName::from_bytes(f.name.as_bytes()).ok()?;
+            headers.append(name, http::HeaderValue::from_bytes(f.value).ok()?);
+        }
+        let mut req = http::Request::builder()
+            .method(h.method)
+            .uri(h.path_and_query)
+            .body(axum::body::Body::empty())
+            .ok()?;
+        *req.headers_mut() = headers;
+        let fields = req.headers();
+        // Refused, answered or judged by the stack alone: a request it
+        // refuses, an upgrade, `Expect`, gRPC (answered in its own
+        // statuses), a hop marker that does not verify (counted there) or
+        // that needs a peer certificate.
+        if super::refuse::refuse_request(&req).is_some()
+            || fields.contains_key(http::header::EXPECT)
+            || is_upgrade_request(fields)
+            || is_grpc(fields)
+            || (self.hops_need_peer_cert && fields.contains_key(HOP))
+        {
+            return None;
+        }
+        let settings = &self.settings;
+        if let Some(marker) = fields.get(HOP) {
+            settings
+                .signer
+                .check(marker, h.method, h.path_and_query)
+                .ok()?;
+        }
+        let client = Some(client);
+        let forwarded = settings.take_hop(&mut req, client);
+        let trusted = settings.trusts(&req, client);
+        sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
+        let dest = match gate {
+            None => Dest::App(None),
+            Some(gate) if gate.form_key().is_some() => return None,
+            Some(gate) => match gate.decide(req.uri(), req.headers(), forwarded) {
+                Decision::Local(lease, work) => Dest::App(Some((lease, work))),
+                Decision::Forward { address, role } => {
+                    self.holder((role, gate.partition_label()), address, h)?
+                }
+                Decision::Reject(_) => return None,
+            },
+        };
+        let to_peer = matches!(dest, Dest::Holder { .. });
+        add_forwarding_fields(&mut req, client, &settings.instance_id, to_peer);
+        self.mark(req.headers_mut(), &dest, h.method, h.path_and_query);
+        write_request_line(out, h.method, h.path_and_query);
+        for (n, v) in req.headers() {
+            push_field(out, n.as_str().as_bytes(), v.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+        Some(dest)
+    }
+
+    /// The hop to `role`'s holder at `address` (as it advertises itself),
+    /// when this path can take it: plain HTTP/1.1 between gateways.
+    fn holder(
+        &self,
+        (role, partition): (Arc<str>, Option<Arc<str>>),
+        address: Arc<str>,
+        h: &head::RequestHead<'_, '_>,
+    ) -> Option<Dest> {
+        if !self.forwards {
+            return None;
+        }
+        let uri: http::Uri = address.parse().ok()?;
+        if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
+            return None;
+        }
+        let authority = uri.authority()?;
+        let at = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+        Some(Dest::Holder {
+            role,
+            partition,
+            address,
+            at,
+            signed: (h.method.to_owned(), h.path_and_query.to_owned()),
+        })
+    }
+
+    /// What the gate adds for the next hop: the role and token of local
+    /// work, or the hop marker to a holder.
+    fn mark(&self, fields: &mut http::HeaderMap, dest: &Dest, method: &str, target: &str) {
+        match dest {
+            Dest::App(Some((lease, _))) => {
+                if let Ok(v) = http::HeaderValue::from_str(&lease.role) {
+                    fields.insert(ROLE, v);
+                }
+                fields.insert(TOKEN, http::HeaderValue::from(lease.token));
+            }
+            Dest::App(None) => {}
+            Dest::Holder { .. } => {
+                let id = &self.settings.instance_id;
+                if let Some(marker) = self.settings.signer.marker(id, method, target) {
+                    fields.insert(HOP, marker);
+                }
+            }
+        }
     }
 
     /// One request and its answer.
@@ -386,30 +579,34 @@ impl FastPath {
         client: &mut TcpStream,
         inbuf: &mut BytesMut,
         (app, kept): (&mut Option<AppConn>, &Arc<Semaphore>),
-        mut plan: Plan,
+        plan: Plan,
         out: &[u8],
         (stop, meter): (&Shutdown, &Meter),
     ) -> Next {
         let started = Instant::now();
+        let to = match &plan.dest {
+            Dest::App(_) => None,
+            Dest::Holder { at, .. } => Some(at.as_str()),
+        };
+        if app.as_ref().is_some_and(|c| c.to.as_deref() != to) {
+            *app = None;
+        }
         let reused = app.is_some();
         if app.is_none() {
-            match self.connect(kept).await {
+            match self.connect(kept, to).await {
                 Ok(c) => *app = Some(c),
                 // Nothing was sent: the stack tries, and answers, itself.
                 Err(_) => return Next::Decline,
             }
         }
-        // Committed: the head is this path's now.
-        inbuf.advance(plan.head_len);
-        if inbuf.is_empty() {
-            pool::give(inbuf);
+        // A hop to a holder stays declinable until its answer is read: a
+        // holder that refuses it unread leaves it to the stack, which holds
+        // it for the next holder.
+        let hop = to.is_some();
+        if !hop {
+            commit(inbuf, plan.head_len);
         }
-        let label = if plan.local.is_some() {
-            "local"
-        } else {
-            "passthrough"
-        };
-        if let (Some(log), Some((lease, _))) = (&self.events, &plan.local) {
+        if let (Some(log), Some((lease, _))) = (&self.events, plan.dest.local()) {
             log.admitted(
                 &self.settings.instance_id,
                 &lease.role,
@@ -417,7 +614,7 @@ impl FastPath {
                 lease.checked_at,
             );
         }
-        let over = plan.local.as_ref().map(|(_, work)| work.over());
+        let over = plan.dest.local().map(|(_, work)| work.over());
         let over = async move {
             match over {
                 Some(o) => o.await,
@@ -431,14 +628,17 @@ impl FastPath {
                 break Err(Failure::Broken("the app closed the connection".into()));
             };
             let conn = app.as_mut().expect("connected");
+            // The term first: a term that ended before the head went out
+            // (during the connect) sends nothing.
             let got = tokio::select! {
-                r = conn.ask(out, plan.asked, self.response_timeout) => r,
+                biased;
                 _ = &mut over => Err(Failure::TermEnded),
+                r = conn.ask(out, plan.asked, self.response_timeout) => r,
             };
             match got {
                 Err(Failure::ClosedUnanswered) if may_retry => {
                     *app = None;
-                    match self.connect(kept).await {
+                    match self.connect(kept, to).await {
                         Ok(c) => *app = Some(c),
                         Err(e) => break Err(Failure::Broken(e.to_string())),
                     }
@@ -447,16 +647,29 @@ impl FastPath {
                 other => break other,
             }
         };
-        telemetry::request_metrics()
-            .forward_upstream
-            .record(started.elapsed().as_secs_f64());
+        let metrics = telemetry::request_metrics();
+        let spent = started.elapsed().as_secs_f64();
+        match hop {
+            true => metrics.forward_holder.record(spent),
+            false => metrics.forward_upstream.record(spent),
+        }
+        if let (Ok(resp), Some(refused)) = (&answered, self.refused_unread(&answered, &plan)) {
+            debug_assert_eq!(resp.status, 503);
+            tracing::debug!(role = %refused, "the holder refused the hop unread; the stack holds it");
+            *app = None;
+            return Next::Decline;
+        }
+        if hop {
+            commit(inbuf, plan.head_len);
+        }
+        metrics.fast_path.increment(1);
         let resp = match answered {
             Ok(resp) => resp,
             Err(failure) => {
                 *app = None;
                 let problem = self.problem(failure, &plan);
-                telemetry::request_metrics().count(problem.reason.as_str());
-                drop(plan.local.take());
+                metrics.count(problem.reason.as_str());
+                drop(plan.dest);
                 let closing = !plan.keep_alive || stopping(stop);
                 let answer = write_answer(client, problem, self.settings.retry_after_secs, closing);
                 return match answer.await {
@@ -465,7 +678,11 @@ impl FastPath {
                 };
             }
         };
-        telemetry::request_metrics().count(label);
+        metrics.count(match &plan.dest {
+            Dest::App(Some(_)) => "local",
+            Dest::App(None) => "passthrough",
+            Dest::Holder { .. } => "forwarded",
+        });
         let conn = app.as_mut().expect("connected");
         let until_close = resp.framing == Framing::UntilClose;
         let closing = !plan.keep_alive || until_close || stopping(stop);
@@ -487,13 +704,9 @@ impl FastPath {
             };
             let moving = conn.relay(client, head, resp.framing, self.idle_timeout);
             tokio::select! {
-                r = moving => r,
-                _ = meter.evict.notified() => {
-                    tracing::debug!("the unread-bytes budget is full and this client waited longest; closing");
-                    Err(io::Error::other("evicted"))
-                }
+                biased;
                 _ = &mut over => {
-                    if let Some((_, work)) = &plan.local {
+                    if let Some((_, work)) = plan.dest.local() {
                         let watch = work.watch();
                         let reason = watch.reason().map_or("lost", |r| r.as_str());
                         metrics::counter!(telemetry::STREAMS_ENDED, "role" => watch.metric_label(), "reason" => reason)
@@ -501,9 +714,16 @@ impl FastPath {
                     }
                     Err(io::Error::other("the term ended"))
                 }
+                _ = meter.evict.notified() => {
+                    tracing::debug!("the unread-bytes budget is full and this client waited longest; closing");
+                    Err(io::Error::other("evicted"))
+                }
+                r = moving => r,
             }
         };
-        drop(plan.local.take());
+        // An eviction told as this body's last write ended is for no one.
+        let _ = futures_util::FutureExt::now_or_never(meter.evict.notified());
+        drop(plan.dest);
         if conn.buf.is_empty() {
             pool::give(&mut conn.buf);
         }
@@ -525,16 +745,38 @@ impl FastPath {
         }
     }
 
-    /// A new app connection, kept past its exchange only while the
-    /// worker's share of kept connections has room.
-    async fn connect(&self, kept: &Arc<Semaphore>) -> io::Result<AppConn> {
-        let connect = TcpStream::connect(self.address.as_str());
+    /// The role whose holder refused this hop before reading it (a 503
+    /// carrying the holder's signed `X-Rolegate-Refused`), when holding is
+    /// on: the stack holds such a request for the next holder. With holding
+    /// off the refusal is the client's answer, as on the stack.
+    fn refused_unread(
+        &self,
+        answered: &Result<Answer, Failure>,
+        plan: &Plan,
+    ) -> Option<Arc<str>> {
+        let (Ok(resp), Dest::Holder { role, signed, .. }) = (answered, &plan.dest) else {
+            return None;
+        };
+        let value = resp.refused.as_ref()?;
+        if resp.status != 503 || self.settings.holds.timeout.is_zero() {
+            return None;
+        }
+        let value = http::HeaderValue::from_bytes(value).ok()?;
+        let verified = self.settings.verify_refusal(&value, &signed.0, &signed.1);
+        verified.then(|| role.clone())
+    }
+
+    /// A new connection to the app (`to` None) or a holder, kept past its
+    /// exchange only while the worker's share of kept connections has room.
+    async fn connect(&self, kept: &Arc<Semaphore>, to: Option<&str>) -> io::Result<AppConn> {
+        let connect = TcpStream::connect(to.unwrap_or(self.address.as_str()));
         let stream = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connect timed out"))??;
         let _ = stream.set_nodelay(true);
         Ok(AppConn {
             stream,
+            to: to.map(str::to_owned),
             buf: BytesMut::new(),
             kept: kept.clone().try_acquire_owned().ok(),
         })
@@ -542,10 +784,24 @@ impl FastPath {
 
     /// The stack's answer to the app failing this request.
     fn problem(&self, failure: Failure, plan: &Plan) -> Problem {
-        let target = self.url.clone();
+        let (target, hop) = match &plan.dest {
+            Dest::App(_) => (
+                self.url.clone(),
+                NextHop::App {
+                    upstream: &self.url,
+                },
+            ),
+            Dest::Holder { role, address, .. } => (
+                address.to_string(),
+                NextHop::Holder {
+                    role,
+                    address,
+                },
+            ),
+        };
         let e = match failure {
             Failure::TermEnded => {
-                if let Some((lease, work)) = &plan.local {
+                if let Some((lease, work)) = plan.dest.local() {
                     let watch = work.watch();
                     let reason = watch.reason().map_or("lost", |r| r.as_str());
                     return term_ended(lease.role.clone(), watch.metric_label(), reason);
@@ -569,10 +825,13 @@ impl FastPath {
                 source: why.into(),
             },
         };
-        let hop = NextHop::App {
-            upstream: &self.url,
-        };
-        failure_problem(&e, hop).role(plan.local.as_ref().map(|(l, _)| l.role.clone()))
+        let problem = failure_problem(&e, hop);
+        match &plan.dest {
+            Dest::App(local) => problem.role(local.as_ref().map(|(l, _)| l.role.clone())),
+            Dest::Holder {
+                role, partition, ..
+            } => problem.role(Some(role.clone())).partition(partition.clone()),
+        }
     }
 }
 
@@ -585,6 +844,14 @@ enum Failure {
     /// it, so it read none of this request (sent again on a new one).
     ClosedUnanswered,
     Broken(String),
+}
+
+/// The head is this path's now: it leaves the read buffer.
+fn commit(inbuf: &mut BytesMut, len: usize) {
+    inbuf.advance(len);
+    if inbuf.is_empty() {
+        pool::give(inbuf);
+    }
 }
 
 /// `name: value\r\n`.
@@ -604,6 +871,8 @@ struct Answer {
     framing: Framing,
     /// The app keeps the connection open after it.
     reusable: bool,
+    /// A holder's `X-Rolegate-Refused` (never passed on).
+    refused: Option<Vec<u8>>,
 }
 
 /// The client's response head: the status line, the app's fields but the
@@ -638,6 +907,8 @@ fn client_head(out: &mut Vec<u8>, resp: &Answer, closing: bool) {
 /// A connection to the app and its read buffer.
 struct AppConn {
     stream: TcpStream,
+    /// The holder's `host:port` it goes to; None for the app.
+    to: Option<String>,
     buf: BytesMut,
     /// Its place among the worker's kept connections; without one it
     /// closes after its exchange.
@@ -890,6 +1161,7 @@ fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
     }
     let mut head = Vec::with_capacity(256);
     let mut has_date = false;
+    let mut refused = None;
     let chunked = r.framing == Framing::Chunked;
     for f in r.headers {
         let name = f.name;
@@ -901,9 +1173,12 @@ fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
         } else {
             chunked && name.eq_ignore_ascii_case("content-length")
         };
+        if name.eq_ignore_ascii_case("x-rolegate-refused") {
+            refused.get_or_insert_with(|| f.value.to_vec());
+            continue;
+        }
         if framing_field
             || HOP_BY_HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
-            || name.eq_ignore_ascii_case("x-rolegate-refused")
             || named
                 .iter()
                 .any(|n| n.eq_ignore_ascii_case(name.as_bytes()))
@@ -919,6 +1194,7 @@ fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
         has_date,
         framing: r.framing,
         reusable,
+        refused,
     }
 }
 

@@ -269,5 +269,9 @@ fn fast_path(
         response_timeout: config.proxy.response_header_timeout,
         idle_timeout: config.proxy.idle_timeout,
         events,
+        forwards: config.peers.protocol == crate::proxy::HopProtocol::Http1
+            && config.peers.ca_file.is_none()
+            && config.peers.cert_file.is_none(),
+        hops_need_peer_cert: config.peers.require_client_cert,
     })
 }

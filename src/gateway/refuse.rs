@@ -148,7 +148,7 @@ fn join_cookies(headers: &mut http::HeaderMap) {
 /// Requests refused before routing: `CONNECT` (405), a target that is not a
 /// path (400; `OPTIONS *` is answered before this, in `Refuse::call`), two `Host`
 /// fields, or an HTTP/1.1 request without one (400).
-fn refuse_request(req: &Request<Body>) -> Option<Problem> {
+pub(super) fn refuse_request(req: &Request<Body>) -> Option<Problem> {
     if req.method() == http::Method::CONNECT {
         return Some(Problem::new(
             Reason::MethodNotAllowed,

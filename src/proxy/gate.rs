@@ -412,6 +412,13 @@ impl GateSettings {
         }
     }
 
+    /// Whether `value` is the signed refusal of the holder a request with
+    /// `method` and `target` went to (it did not read the request).
+    pub(crate) fn verify_refusal(&self, value: &http::HeaderValue, method: &str, target: &str) -> bool {
+        let method = http::Method::from_bytes(method.as_bytes());
+        method.is_ok_and(|m| self.signer.verify(value, &refusal_method(&m), target))
+    }
+
     /// Whether the request carries a hop marker that counts; a marker that
     /// does not verify is removed, and the request is treated as fresh.
     /// A refused marker is counted and, at most once a minute, logged with
