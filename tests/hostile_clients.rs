@@ -969,6 +969,9 @@ const H2C_VARIANTS: &[(&str, &str)] = &[
         "Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n",
         "HTTP2-Settings",
     ),
+    // No upgrade asked at all: an HTTP/2 preface behind a plain request is
+    // bytes of an HTTP/1.1 connection, never an HTTP/2 one.
+    ("", "keep-alive"),
 ];
 
 async fn h2c_against(kind: Kind, tag: &str) {

@@ -271,7 +271,8 @@ async fn differential(
 ) {
     for (method, target) in cases {
         for request in variants(method, target) {
-            let counted: Vec<u64> = futures_util::future::join_all(took.iter().map(|g| fast_count(g))).await;
+            let counted: Vec<u64> =
+                futures_util::future::join_all(took.iter().map(|g| fast_count(g))).await;
             let before = heads.lock().unwrap().len();
             let fast_answer = exchange(port_of(fast), &request).await;
             let after_fast = heads.lock().unwrap().len();
@@ -336,8 +337,10 @@ async fn holding(gw: &GatewayProcess) {
 async fn both_paths_give_the_app_the_same_request_and_the_client_the_same_answer() {
     let heads: Heads = Arc::default();
     let app_port = raw_app(heads.clone()).await;
-    let fast = GatewayProcess::start_for_upstream(0, &spec("paths_fast", false), app_port, ROUTES).await;
-    let stack = GatewayProcess::start_for_upstream(0, &spec("paths_stack", true), app_port, ROUTES).await;
+    let fast =
+        GatewayProcess::start_for_upstream(0, &spec("paths_fast", false), app_port, ROUTES).await;
+    let stack =
+        GatewayProcess::start_for_upstream(0, &spec("paths_stack", true), app_port, ROUTES).await;
     holding(&fast).await;
     holding(&stack).await;
     differential(&heads, (&fast, &stack), &[&fast], &CASES).await;
@@ -378,12 +381,23 @@ async fn a_forwarded_request_is_the_same_on_both_paths() {
     let fast = GatewayProcess::start_for_upstream(1, &fast_spec, app_port, ROUTES).await;
     let stack = GatewayProcess::start_for_upstream(1, &stack_spec, app_port, ROUTES).await;
     for gw in [&fast, &stack] {
-        support::wait_for_async("the forwarder knows the holder", Duration::from_secs(30), || async {
-            gw.held().await.get("maintenance").is_some_and(|h| !h.0 && h.1 > 0)
-        })
+        support::wait_for_async(
+            "the forwarder knows the holder",
+            Duration::from_secs(30),
+            || async {
+                gw.held()
+                    .await
+                    .get("maintenance")
+                    .is_some_and(|h| !h.0 && h.1 > 0)
+            },
+        )
         .await;
     }
-    let gated: Vec<_> = CASES.iter().copied().filter(|(_, t)| t.starts_with("/maintenance")).collect();
+    let gated: Vec<_> = CASES
+        .iter()
+        .copied()
+        .filter(|(_, t)| t.starts_with("/maintenance"))
+        .collect();
     differential(&heads, (&fast, &stack), &[&fast, &fast_holder], &gated).await;
     // The hop crossed both: the holder's Via names the forwarder.
     let last = heads.lock().unwrap().last().unwrap().1.clone();

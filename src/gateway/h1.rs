@@ -125,7 +125,9 @@ impl Dest {
 /// The one valid `Host` of a head; None (declined) for none, several, or
 /// one the stack would read otherwise.
 fn one_host<'a>(fields: &[httparse::Header<'a>]) -> Option<&'a [u8]> {
-    let mut hosts = fields.iter().filter(|f| f.name.eq_ignore_ascii_case("host"));
+    let mut hosts = fields
+        .iter()
+        .filter(|f| f.name.eq_ignore_ascii_case("host"));
     let host = hosts.next()?.value;
     if hosts.next().is_some()
         || host.is_empty()
@@ -153,7 +155,8 @@ fn all_plain(fields: &[httparse::Header<'_>]) -> bool {
         match std::str::from_utf8(&name[..n]) {
             Ok("host") => true,
             Ok("connection") => {
-                f.value.eq_ignore_ascii_case(b"keep-alive") || f.value.eq_ignore_ascii_case(b"close")
+                f.value.eq_ignore_ascii_case(b"keep-alive")
+                    || f.value.eq_ignore_ascii_case(b"close")
             }
             Ok("content-type") => !f
                 .value
@@ -235,6 +238,7 @@ pub(crate) async fn serve(
     Some(Prefixed {
         head: inbuf.freeze(),
         io: client,
+        served: !first,
     })
 }
 
@@ -543,7 +547,11 @@ impl FastPath {
             return None;
         }
         let authority = uri.authority()?;
-        let at = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+        let at = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(80)
+        );
         Some(Dest::Holder {
             role,
             partition,
@@ -749,11 +757,7 @@ impl FastPath {
     /// carrying the holder's signed `X-Rolegate-Refused`), when holding is
     /// on: the stack holds such a request for the next holder. With holding
     /// off the refusal is the client's answer, as on the stack.
-    fn refused_unread(
-        &self,
-        answered: &Result<Answer, Failure>,
-        plan: &Plan,
-    ) -> Option<Arc<str>> {
+    fn refused_unread(&self, answered: &Result<Answer, Failure>, plan: &Plan) -> Option<Arc<str>> {
         let (Ok(resp), Dest::Holder { role, signed, .. }) = (answered, &plan.dest) else {
             return None;
         };
@@ -791,13 +795,9 @@ impl FastPath {
                     upstream: &self.url,
                 },
             ),
-            Dest::Holder { role, address, .. } => (
-                address.to_string(),
-                NextHop::Holder {
-                    role,
-                    address,
-                },
-            ),
+            Dest::Holder { role, address, .. } => {
+                (address.to_string(), NextHop::Holder { role, address })
+            }
         };
         let e = match failure {
             Failure::TermEnded => {
@@ -830,7 +830,9 @@ impl FastPath {
             Dest::App(local) => problem.role(local.as_ref().map(|(l, _)| l.role.clone())),
             Dest::Holder {
                 role, partition, ..
-            } => problem.role(Some(role.clone())).partition(partition.clone()),
+            } => problem
+                .role(Some(role.clone()))
+                .partition(partition.clone()),
         }
     }
 }
@@ -1245,6 +1247,16 @@ async fn write_answer(
 pub(crate) struct Prefixed {
     head: bytes::Bytes,
     io: TcpStream,
+    /// A whole HTTP/1.1 request head was read on it: it is HTTP/1.1.
+    served: bool,
+}
+
+impl Prefixed {
+    /// Whether a whole HTTP/1.1 request head was read on this connection
+    /// before it was handed on (the fast path may have answered it).
+    pub(crate) fn served(&self) -> bool {
+        self.served
+    }
 }
 
 impl AsyncRead for Prefixed {

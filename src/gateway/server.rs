@@ -140,6 +140,14 @@ pub(crate) async fn serve(
                         let shared = (serving.2.unread.clone(), serving.1 .1.clone());
                         let fast = super::h1::serve(stream, facts, &fast, shared, &mut conn_stop);
                         if let Some(declined) = fast.await {
+                            let mut serving = serving;
+                            if declined.served() {
+                                // Past its first request, a connection is
+                                // HTTP/1.1 for good: an HTTP/2 preface now is
+                                // bytes smuggled behind an HTTP/1.1 request,
+                                // refused as such, never a new protocol.
+                                serving.2.http2.enabled = false;
+                            }
                             // Boxed: a connection on the fast path does not
                             // carry the full path's (larger) state.
                             let full = serve_connection(declined, facts, serving, conn_stop);

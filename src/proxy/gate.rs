@@ -414,7 +414,12 @@ impl GateSettings {
 
     /// Whether `value` is the signed refusal of the holder a request with
     /// `method` and `target` went to (it did not read the request).
-    pub(crate) fn verify_refusal(&self, value: &http::HeaderValue, method: &str, target: &str) -> bool {
+    pub(crate) fn verify_refusal(
+        &self,
+        value: &http::HeaderValue,
+        method: &str,
+        target: &str,
+    ) -> bool {
         let method = http::Method::from_bytes(method.as_bytes());
         method.is_ok_and(|m| self.signer.verify(value, &refusal_method(&m), target))
     }
