@@ -193,7 +193,7 @@ pub(crate) async fn serve(
         evict: Arc::new(tokio::sync::Notify::new()),
     };
     let mut inbuf = BytesMut::new();
-    let mut app: Option<AppConn> = None;
+    let mut hops = Hops::default();
     let mut first = true;
     loop {
         // A head: the first within the header read timeout; the next after
@@ -203,7 +203,7 @@ pub(crate) async fn serve(
         } else {
             fast.idle_timeout
         };
-        match read_head(&mut client, &mut inbuf, wait, stop, &mut app).await {
+        match read_head(&mut client, &mut inbuf, wait, stop, &mut hops).await {
             HeadRead::Ready => {}
             HeadRead::Close => return None,
             HeadRead::Decline => break,
@@ -219,7 +219,7 @@ pub(crate) async fn serve(
         let exchange = fast.exchange(
             &mut client,
             &mut inbuf,
-            (&mut app, &kept),
+            (&mut hops, &kept),
             plan,
             &out,
             (stop, &meter),
@@ -234,7 +234,7 @@ pub(crate) async fn serve(
             Next::Decline => break,
         }
     }
-    drop(app);
+    drop(hops);
     Some(Prefixed {
         head: inbuf.freeze(),
         io: client,
@@ -312,11 +312,11 @@ async fn read_head(
     buf: &mut BytesMut,
     wait: Duration,
     stop: &mut Shutdown,
-    app: &mut Option<AppConn>,
+    hops: &mut Hops,
 ) -> HeadRead {
     let mut deadline = tokio::time::Instant::now() + wait;
-    // The kept app connection is let go when the app closes it, or when it
-    // has been idle for as long as the pool keeps one.
+    // A kept connection is let go when its peer closes it, or when it has
+    // been idle for as long as the pool keeps one.
     let app_idle = tokio::time::Instant::now() + crate::proxy::affine::POOL_IDLE_TIMEOUT;
     let mut started = !buf.is_empty();
     loop {
@@ -337,14 +337,20 @@ async fn read_head(
             r = read_into(client, buf) => r,
             _ = stop.recv(), if buf.is_empty() => return HeadRead::Close,
             _ = tokio::time::sleep_until(deadline) => return HeadRead::Close,
-            closed = app_closed(app.as_ref()), if app.is_some() => {
+            closed = app_closed(hops.app.as_ref()), if hops.app.is_some() => {
                 if closed {
-                    *app = None;
+                    hops.app = None;
                 }
                 continue;
             }
-            _ = tokio::time::sleep_until(app_idle), if app.is_some() => {
-                *app = None;
+            closed = app_closed(hops.holder.as_ref()), if hops.holder.is_some() => {
+                if closed {
+                    hops.holder = None;
+                }
+                continue;
+            }
+            _ = tokio::time::sleep_until(app_idle), if hops.app.is_some() || hops.holder.is_some() => {
+                *hops = Hops::default();
                 continue;
             }
         };
@@ -355,7 +361,7 @@ async fn read_head(
     }
 }
 
-/// Waits until the idle app connection has something to read: true when
+/// Waits until an idle kept connection has something to read: true when
 /// it closed or sent bytes nobody asked for (it is then no use), false
 /// when the wake was spurious.
 async fn app_closed(app: Option<&AppConn>) -> bool {
@@ -586,7 +592,7 @@ impl FastPath {
         &self,
         client: &mut TcpStream,
         inbuf: &mut BytesMut,
-        (app, kept): (&mut Option<AppConn>, &Arc<Semaphore>),
+        (hops, kept): (&mut Hops, &Arc<Semaphore>),
         plan: Plan,
         out: &[u8],
         (stop, meter): (&Shutdown, &Meter),
@@ -595,6 +601,10 @@ impl FastPath {
         let to = match &plan.dest {
             Dest::App(_) => None,
             Dest::Holder { at, .. } => Some(at.as_str()),
+        };
+        let app = match to {
+            None => &mut hops.app,
+            Some(_) => &mut hops.holder,
         };
         if app.as_ref().is_some_and(|c| c.to.as_deref() != to) {
             *app = None;
@@ -906,7 +916,15 @@ fn client_head(out: &mut Vec<u8>, resp: &Answer, closing: bool) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// A connection to the app and its read buffer.
+/// The connections a client connection keeps for its next requests: one
+/// to the app, one to a holder's gateway.
+#[derive(Default)]
+struct Hops {
+    app: Option<AppConn>,
+    holder: Option<AppConn>,
+}
+
+/// A connection to the app or a holder, and its read buffer.
 struct AppConn {
     stream: TcpStream,
     /// The holder's `host:port` it goes to; None for the app.
