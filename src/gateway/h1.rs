@@ -264,11 +264,16 @@ mod pool {
 
     use super::CHUNK;
 
-    /// Free buffers kept per thread at most.
+    /// The size of a large buffer, for moving large bodies.
+    pub(super) const BIG: usize = 64 * 1024;
+    /// Free buffers kept per thread at most: small ones, and large ones
+    /// (2 MiB in all).
     const KEPT: usize = 256;
+    const KEPT_BIG: usize = 32;
 
     thread_local! {
         static FREE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+        static FREE_BIG: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
     }
 
     pub(super) fn take() -> BytesMut {
@@ -276,7 +281,14 @@ mod pool {
             .unwrap_or_else(|| BytesMut::with_capacity(CHUNK))
     }
 
-    /// Gives back `buf` (emptied); one grown past a few chunks is freed.
+    pub(super) fn take_big() -> BytesMut {
+        FREE_BIG
+            .with(|f| f.borrow_mut().pop())
+            .unwrap_or_else(|| BytesMut::with_capacity(BIG))
+    }
+
+    /// Gives back `buf` (emptied) to the list its size belongs to; one
+    /// grown past a large buffer is freed.
     pub(super) fn give(buf: &mut BytesMut) {
         let mut b = std::mem::take(buf);
         b.clear();
@@ -284,14 +296,17 @@ mod pool {
             // Reclaims the room `advance` left behind, without allocating.
             b.reserve(CHUNK);
         }
-        if b.capacity() <= 4 * CHUNK {
-            FREE.with(|f| {
-                let mut f = f.borrow_mut();
-                if f.len() < KEPT {
-                    f.push(b);
-                }
-            });
-        }
+        let (list, kept) = match b.capacity() {
+            c if c <= 4 * CHUNK => (&FREE, KEPT),
+            c if c <= 2 * BIG => (&FREE_BIG, KEPT_BIG),
+            _ => return,
+        };
+        list.with(|f| {
+            let mut f = f.borrow_mut();
+            if f.len() < kept {
+                f.push(b);
+            }
+        });
     }
 }
 
@@ -988,7 +1003,7 @@ impl AppConn {
                     Err(e) => return Err(Failure::Broken(format!("bad answer head: {e:?}"))),
                 }
             }
-            self.room();
+            self.room(false);
             let read = tokio::select! {
                 r = self.stream.read_buf(&mut self.buf) => r,
                 _ = tokio::time::sleep_until(deadline) => return Err(Failure::Timeout),
@@ -1028,7 +1043,7 @@ impl AppConn {
                 client.write_all(&head).await?;
                 drop(head);
                 while left > 0 {
-                    self.fill(idle).await?;
+                    self.fill(idle, left > CHUNK as u64).await?;
                     let now = (self.buf.len() as u64).min(left) as usize;
                     client.write_all(&self.buf[..now]).await?;
                     self.buf.advance(now);
@@ -1056,7 +1071,7 @@ impl AppConn {
                             continue;
                         }
                     }
-                    self.fill(idle).await?;
+                    self.fill(idle, true).await?;
                 }
             }
             Framing::UntilClose => {
@@ -1067,7 +1082,7 @@ impl AppConn {
                         client.write_all(&self.buf).await?;
                         self.buf.clear();
                     }
-                    match self.fill(idle).await {
+                    match self.fill(idle, true).await {
                         Ok(()) => {}
                         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                         Err(e) => return Err(e),
@@ -1077,17 +1092,20 @@ impl AppConn {
         }
     }
 
-    /// Room to read into: a pooled buffer when it has none.
-    fn room(&mut self) {
+    /// Room to read into: a pooled buffer when it has none, a large one
+    /// when `big` (a body that has more to come than a small buffer holds:
+    /// one read and one write move up to 64 KiB of it, where 8 KiB at a
+    /// time cost eight of each).
+    fn room(&mut self, big: bool) {
         if self.buf.capacity() == 0 {
-            self.buf = pool::take();
+            self.buf = if big { pool::take_big() } else { pool::take() };
         } else if self.buf.capacity() - self.buf.len() < CHUNK / 2 {
-            self.buf.reserve(CHUNK);
+            self.buf.reserve(if big { pool::BIG } else { CHUNK });
         }
     }
 
     /// Reads more of the answer; the end of the stream is an error here.
-    async fn fill(&mut self, idle: Duration) -> io::Result<()> {
+    async fn fill(&mut self, idle: Duration, big: bool) -> io::Result<()> {
         if self.buf.is_empty() {
             // Nothing held while waiting: a stream between events keeps
             // no buffer.
@@ -1096,7 +1114,7 @@ impl AppConn {
                 .await
                 .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle"))??;
         }
-        self.room();
+        self.room(big);
         let n = tokio::time::timeout(idle, self.stream.read_buf(&mut self.buf))
             .await
             .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "idle"))??;
