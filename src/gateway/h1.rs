@@ -42,7 +42,7 @@ use crate::proxy::forward::ForwardError;
 use crate::proxy::forward::{add_forwarding_fields, sanitize_headers};
 use crate::proxy::gate::{Decision, GateSettings, GateTarget};
 use crate::proxy::headers::{
-    add_forwarding, is_upgrade_request, passes_unchanged, HOP, ROLE, TOKEN,
+    is_upgrade_request, passes_unchanged, write_forwarding, HOP, ROLE, TOKEN,
 };
 use crate::proxy::problem::is_grpc;
 use crate::proxy::problem::{Problem, Reason};
@@ -462,24 +462,10 @@ impl FastPath {
                 push_field(out, f.name.as_bytes(), f.value);
             }
         }
-        let mut added = http::HeaderMap::with_capacity(8);
-        if let Ok(v) = http::HeaderValue::from_bytes(host) {
-            added.insert(http::header::HOST, v);
-        }
         let to_peer = matches!(dest, Dest::Holder { .. });
-        add_forwarding(
-            &mut added,
-            Some(client),
-            &self.settings.instance_id,
-            "http",
-            to_peer,
-        );
-        self.mark(&mut added, &dest, h.method, h.path_and_query);
-        for (n, v) in &added {
-            if n != http::header::HOST {
-                push_field(out, n.as_str().as_bytes(), v.as_bytes());
-            }
-        }
+        let by = &self.settings.instance_id;
+        write_forwarding(out, client, by, host, to_peer);
+        self.write_marks(out, &dest, h.method, h.path_and_query);
         out.extend_from_slice(b"\r\n");
         Some(dest)
     }
@@ -543,11 +529,12 @@ impl FastPath {
         };
         let to_peer = matches!(dest, Dest::Holder { .. });
         add_forwarding_fields(&mut req, client, &settings.instance_id, to_peer);
-        self.mark(req.headers_mut(), &dest, h.method, h.path_and_query);
         write_request_line(out, h.method, h.path_and_query);
         for (n, v) in req.headers() {
             push_field(out, n.as_str().as_bytes(), v.as_bytes());
         }
+        // Last, as the stack inserts them (the client's were removed).
+        self.write_marks(out, &dest, h.method, h.path_and_query);
         out.extend_from_slice(b"\r\n");
         Some(dest)
     }
@@ -584,19 +571,27 @@ impl FastPath {
 
     /// What the gate adds for the next hop: the role and token of local
     /// work, or the hop marker to a holder.
-    fn mark(&self, fields: &mut http::HeaderMap, dest: &Dest, method: &str, target: &str) {
+    fn write_marks(&self, out: &mut Vec<u8>, dest: &Dest, method: &str, target: &str) {
         match dest {
             Dest::App(Some((lease, _))) => {
-                if let Ok(v) = http::HeaderValue::from_str(&lease.role) {
-                    fields.insert(ROLE, v);
+                // As `HeaderValue::from_str` takes it (a role name always is).
+                let role = lease.role.as_bytes();
+                if role
+                    .iter()
+                    .all(|b| *b == b'\t' || (b' '..=b'~').contains(b))
+                {
+                    push_field(out, ROLE.as_str().as_bytes(), role);
                 }
-                fields.insert(TOKEN, http::HeaderValue::from(lease.token));
+                out.extend_from_slice(TOKEN.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                push_u64(out, lease.token);
+                out.extend_from_slice(b"\r\n");
             }
             Dest::App(None) => {}
             Dest::Holder { .. } => {
                 let id = &self.settings.instance_id;
                 if let Some(marker) = self.settings.signer.marker(id, method, target) {
-                    fields.insert(HOP, marker);
+                    push_field(out, HOP.as_str().as_bytes(), marker.as_bytes());
                 }
             }
         }
@@ -881,6 +876,22 @@ fn commit(inbuf: &mut BytesMut, len: usize) {
     }
 }
 
+/// `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
 /// `name: value\r\n`.
 fn push_field(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(name);
@@ -908,7 +919,7 @@ struct Answer {
 fn client_head(out: &mut Vec<u8>, resp: &Answer, closing: bool) {
     let status = http::StatusCode::from_u16(resp.status).ok();
     out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(resp.status.to_string().as_bytes());
+    push_u64(out, u64::from(resp.status));
     out.push(b' ');
     out.extend_from_slice(
         status

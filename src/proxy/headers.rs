@@ -433,42 +433,16 @@ pub fn add_forwarding(
     proto: &str,
     to_peer: bool,
 ) {
-    // One buffer for the values this adds (this runs on every request);
-    // `ip` is where the client's address sits in it, for X-Forwarded-For.
+    // One buffer for the values this adds (this runs on every request).
     let mut value = Vec::with_capacity(96);
-    let mut ip = 0..0;
-    if let Some(c) = client {
-        value.extend_from_slice(b"for=");
-        let quoted = c.is_ipv6();
-        if quoted {
-            value.extend_from_slice(b"\"[");
-        }
-        ip.start = value.len();
-        push_ip(&mut value, c.ip());
-        ip.end = value.len();
-        value.extend_from_slice(if quoted { b"]\";" } else { b";" });
-    }
-    // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
-    let by_safe = token_safe(by);
-    if by_safe {
-        value.extend_from_slice(b"by=_");
-        value.extend_from_slice(by.as_bytes());
-    } else {
-        value.extend_from_slice(b"by=unknown");
-    }
-    value.extend_from_slice(b";proto=");
-    value.extend_from_slice(proto.as_bytes());
     let host = headers.get(header::HOST).cloned();
-    if let Some(h) = &host {
-        let h = h.as_bytes();
-        if h.iter()
-            .all(|b| b.is_ascii_graphic() && *b != b'"' && *b != b'\\')
-        {
-            value.extend_from_slice(b";host=\"");
-            value.extend_from_slice(h);
-            value.push(b'"');
-        }
-    }
+    let (ip, by_safe) = forwarded_value(
+        &mut value,
+        client,
+        by,
+        proto,
+        host.as_ref().map(|h| h.as_bytes()),
+    );
     append(headers, FORWARDED, &value);
     if client.is_some() {
         append(headers, X_FORWARDED_FOR, &value[ip]);
@@ -495,6 +469,79 @@ pub fn add_forwarding(
     } else {
         headers.insert(header::VIA, HeaderValue::from_static("1.1 rolegate"));
     }
+}
+
+/// What [`add_forwarding`] adds to a request that carries none of the
+/// fields it adds to (no `Forwarded`, `X-Forwarded-*` or `Via`), with one
+/// `host`, written as `name: value` lines in the order it adds them: the
+/// HTTP/1.1 fast path writes a plain request's head this way.
+#[cfg(feature = "gateway")]
+pub(crate) fn write_forwarding(
+    out: &mut Vec<u8>,
+    client: SocketAddr,
+    by: &str,
+    host: &[u8],
+    to_peer: bool,
+) {
+    out.extend_from_slice(b"forwarded: ");
+    let start = out.len();
+    let (ip, by_safe) = forwarded_value(out, Some(client), by, "http", Some(host));
+    out.extend_from_slice(b"\r\nx-forwarded-for: ");
+    out.extend_from_within(start + ip.start..start + ip.end);
+    out.extend_from_slice(b"\r\nx-forwarded-proto: http\r\nx-forwarded-host: ");
+    out.extend_from_slice(host);
+    out.extend_from_slice(b"\r\nvia: 1.1 rolegate");
+    if to_peer && by_safe {
+        out.extend_from_slice(b" (");
+        out.extend_from_slice(by.as_bytes());
+        out.push(b')');
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Writes this hop's `Forwarded` element into `value`; returns where the
+/// client's address sits in it (for `X-Forwarded-For`) and whether `by`
+/// could be named in it.
+fn forwarded_value(
+    value: &mut Vec<u8>,
+    client: Option<SocketAddr>,
+    by: &str,
+    proto: &str,
+    host: Option<&[u8]>,
+) -> (std::ops::Range<usize>, bool) {
+    let start = value.len();
+    let mut ip = 0..0;
+    if let Some(c) = client {
+        value.extend_from_slice(b"for=");
+        let quoted = c.is_ipv6();
+        if quoted {
+            value.extend_from_slice(b"\"[");
+        }
+        ip.start = value.len() - start;
+        push_ip(value, c.ip());
+        ip.end = value.len() - start;
+        value.extend_from_slice(if quoted { b"]\";" } else { b";" });
+    }
+    // RFC 7239 obfuscated node name: `_` then [A-Za-z0-9._-].
+    let by_safe = token_safe(by);
+    if by_safe {
+        value.extend_from_slice(b"by=_");
+        value.extend_from_slice(by.as_bytes());
+    } else {
+        value.extend_from_slice(b"by=unknown");
+    }
+    value.extend_from_slice(b";proto=");
+    value.extend_from_slice(proto.as_bytes());
+    if let Some(h) = host {
+        if h.iter()
+            .all(|b| b.is_ascii_graphic() && *b != b'"' && *b != b'\\')
+        {
+            value.extend_from_slice(b";host=\"");
+            value.extend_from_slice(h);
+            value.push(b'"');
+        }
+    }
+    (ip, by_safe)
 }
 
 /// Writes `ip` as text: an IPv4 address digit by digit (the formatting
