@@ -68,6 +68,11 @@ fn answer(path: &str, head_request: bool) -> (Vec<u8>, bool) {
         }
         // Reads the request, then closes without a word.
         "hangup" => (Vec::new(), true),
+        // An event stream that sends one event and then waits.
+        "stream" => (
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nd\r\ndata: first\n\n\r\n".to_vec(),
+            false,
+        ),
         "hopfields" => (
             plain("Keep-Alive: timeout=5\r\nConnection: X-Secret\r\nX-Secret: 1\r\nX-Rolegate-Refused: forged\r\nProxy-Authenticate: Basic\r\n"),
             false,
@@ -112,6 +117,17 @@ async fn raw_app(heads: Heads) -> u16 {
                     heads.lock().unwrap().push((conn, head));
                     let (bytes, close) = answer(&path, method == "HEAD");
                     if s.write_all(&bytes).await.is_err() || close {
+                        return;
+                    }
+                    if path.ends_with("/stream") {
+                        // Held open until the gateway closes it.
+                        let mut rest = [0u8; 64];
+                        while let Ok(n) = s.read(&mut rest).await {
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        heads.lock().unwrap().push((conn, "CLOSED".into()));
                         return;
                     }
                 }
@@ -500,4 +516,57 @@ async fn a_request_the_app_read_and_left_unanswered_is_not_sent_again() {
         .collect();
     assert_eq!(hangups.len(), 1, "run once at the app: {seen:#?}");
     assert_eq!(hangups[0].0, seen[0].0, "on the kept connection: {seen:#?}");
+}
+
+/// A client that leaves an event stream between events: the gateway
+/// closes the stream's app connection and stops counting it at once, not
+/// when the next event finds the client gone (the app sends none here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_a_stream_between_events_ends_it() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let gw =
+        GatewayProcess::start_for_upstream(0, &spec("paths_leave", false), app_port, ROUTES).await;
+    holding(&gw).await;
+    let before = fast_count(&gw).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port_of(&gw)))
+        .await
+        .unwrap();
+    s.write_all(b"GET /maintenance/stream HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("data: first") {
+        let mut chunk = [0u8; 512];
+        let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut chunk))
+            .await
+            .expect("the first event")
+            .unwrap();
+        assert!(n > 0, "closed before the first event");
+        got.extend_from_slice(&chunk[..n]);
+    }
+    assert_eq!(open_streams(&gw).await, 1.0);
+    drop(s);
+    support::wait_for(
+        "the app's stream connection closed",
+        Duration::from_secs(30),
+        || heads.lock().unwrap().iter().any(|(_, h)| h == "CLOSED"),
+    )
+    .await;
+    support::wait_for_async("no stream counted", Duration::from_secs(30), || async {
+        open_streams(&gw).await == 0.0
+    })
+    .await;
+    assert_eq!(fast_count(&gw).await, before + 1, "on the fast path");
+}
+
+/// `rolegate_open_streams` of a gateway.
+async fn open_streams(gw: &GatewayProcess) -> f64 {
+    let (_, _, body) = support::cluster::get(&format!("{}/metrics", gw.admin_url()))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .find_map(|l| l.strip_prefix("rolegate_open_streams "))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
 }

@@ -71,6 +71,10 @@ pub(crate) struct FastPath {
     pub(crate) hops_need_peer_cert: bool,
 }
 
+/// How long an answer may take before the client's connection is watched
+/// for its end while waiting for it.
+const WATCH_AFTER: Duration = Duration::from_millis(50);
+
 /// Bytes read from the client at a time, and the start of a buffer.
 const CHUNK: usize = 8 * 1024;
 
@@ -658,10 +662,17 @@ impl FastPath {
             let conn = app.as_mut().expect("connected");
             // The term first: a term that ended before the head went out
             // (during the connect) sends nothing.
+            let (mut watched, _) = client.split();
             let got = tokio::select! {
                 biased;
                 _ = &mut over => Err(Failure::TermEnded),
                 r = conn.ask(out, plan.asked, self.response_timeout) => r,
+                // Watched only once the answer is slow in coming: a quick
+                // answer costs no extra read of the client's connection.
+                _ = async {
+                    tokio::time::sleep(WATCH_AFTER).await;
+                    client_gone(&mut watched).await
+                } => Err(Failure::ClientGone),
             };
             match got {
                 Err(Failure::ClosedUnanswered) if may_retry => {
@@ -693,6 +704,11 @@ impl FastPath {
         metrics.fast_path.increment(1);
         let resp = match answered {
             Ok(resp) => resp,
+            Err(Failure::ClientGone) => {
+                tracing::debug!("the client closed its connection before the answer");
+                *app = None;
+                return Next::Close;
+            }
             Err(failure) => {
                 *app = None;
                 let problem = self.problem(failure, &plan);
@@ -725,6 +741,8 @@ impl FastPath {
                 Framing::Length(n) => n > super::unread::UNMETERED_BELOW,
                 Framing::Chunked | Framing::UntilClose => true,
             };
+            let open_ended = matches!(resp.framing, Framing::Chunked | Framing::UntilClose);
+            let (mut watched, client) = client.split();
             let client = Within {
                 io: client,
                 idle: self.idle_timeout,
@@ -747,6 +765,9 @@ impl FastPath {
                     Err(io::Error::other("evicted"))
                 }
                 r = moving => r,
+                // A stream's client may leave between events; a body of a
+                // known length finds it gone at its next write.
+                _ = client_gone(&mut watched), if open_ended => Err(io::Error::other("the client left")),
             }
         };
         // An eviction told as this body's last write ended is for no one.
@@ -844,6 +865,10 @@ impl FastPath {
                 target,
                 source: why.into(),
             },
+            Failure::ClientGone => ForwardError::Failed {
+                target,
+                source: "the client left".into(),
+            },
         };
         let problem = failure_problem(&e, hop);
         match &plan.dest {
@@ -865,7 +890,22 @@ enum Failure {
     /// Writing the head to a kept connection failed: the app had closed
     /// it, so it read none of this request (sent again on a new one).
     ClosedUnanswered,
+    /// The client closed its connection first: nothing is answered.
+    ClientGone,
     Broken(String),
+}
+
+/// Resolves when the client has closed its connection, or it broke: an
+/// exchange whose client left is dropped (its app or hop connection
+/// closed), as hyper's server drops it when a read finds the connection's
+/// end. Bytes the client sent ahead (a pipelined request) leave it
+/// pending: they are the next request's.
+async fn client_gone(client: &mut tokio::net::tcp::ReadHalf<'_>) {
+    let mut byte = [0u8; 1];
+    match client.peek(&mut byte).await {
+        Ok(0) | Err(_) => {}
+        Ok(_) => std::future::pending().await,
+    }
 }
 
 /// The head is this path's now: it leaves the read buffer.
@@ -1156,7 +1196,7 @@ const HOP_BY_HOP: [&str; 8] = [
 /// Writes that fail when the client takes nothing for `idle` (a client
 /// that never reads holds no connection past the idle timeout).
 struct Within<'a> {
-    io: &'a mut TcpStream,
+    io: tokio::net::tcp::WriteHalf<'a>,
     idle: Duration,
     meter: Option<&'a Meter>,
 }
