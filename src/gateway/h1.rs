@@ -1,24 +1,26 @@
 //! The HTTP/1.1 fast path: one task owns a plain client connection, the
-//! app connection it uses, and their buffers, for the requests the gate
-//! would pass on untouched.
+//! connections it uses onward (to the app, and to a holder's gateway), and
+//! their buffers, for the bodiless requests the stack would send on at
+//! once.
 //!
 //! A request head is read into a pooled buffer and parsed in place with the
 //! gateway's codec (`crate::http1`, held to hyper by the differential fuzz
-//! targets). The path takes a request only when the stack would change
-//! nothing of it but the fields it adds: HTTP/1.1, no body, an origin-form
-//! target, one valid `Host`, no field the gateway removes or rewrites, and a
-//! route that is ungated or gated by a plain role held here. Its head goes
-//! to the app with one write (the forwarding fields, and the role and token
-//! for local work, added by the same code as the hyper path), the answer's
-//! head is parsed the same way, and its body is moved as framed, never
-//! re-chunked.
+//! targets). The path takes a request when it is HTTP/1.1 with no body and
+//! the gate's decision is to run it here, pass it through, or forward it to
+//! the role's holder. A request whose fields all pass on as sent has its
+//! head written from the bytes received plus what the stack adds; any other
+//! goes through the stack's own steps (hop check, sanitizer, decision,
+//! forwarding fields) on a `HeaderMap` first. The head goes onward with one
+//! write, the answer's head is parsed the same way, and its body is moved
+//! as framed, never re-chunked.
 //!
-//! Anything else is **declined** before a byte past its head is read: the
+//! Anything else is **declined** before a byte of it is sent: the
 //! connection, with the bytes read so far, goes to hyper and the full stack
 //! for the rest of its life (see `Prefixed`). So the fast path never has
-//! to answer what it does not handle; it only answers the app's failures
-//! (503 problems, as the stack does) and the end of a term (503
-//! `term-ended` before the answer, a cut connection during its body).
+//! to hold or refuse a request; it only answers the next hop's failures
+//! (the stack's problems) and the end of a term (503 `term-ended` before
+//! the answer, a cut connection during its body). A hop that the holder
+//! refuses unread is declined then too, and the stack holds it.
 
 use std::io;
 use std::net::SocketAddr;
