@@ -115,6 +115,10 @@ async fn raw_app(heads: Heads) -> u16 {
                     let method = parts.next().unwrap_or("");
                     let path = parts.next().unwrap_or("").to_string();
                     heads.lock().unwrap().push((conn, head));
+                    if path.ends_with("/slow") {
+                        // Past the fast path's wait before it watches the client.
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
                     let (bytes, close) = answer(&path, method == "HEAD");
                     if s.write_all(&bytes).await.is_err() || close {
                         return;
@@ -569,4 +573,64 @@ async fn open_streams(gw: &GatewayProcess) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix("rolegate_open_streams "))
         .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// Statuses of the answers in `raw`, in order, and the bytes between the
+/// first answer's head and the second's status line.
+fn two_answers(raw: &[u8]) -> (Vec<String>, String) {
+    let text = String::from_utf8_lossy(raw).into_owned();
+    let statuses = text
+        .match_indices("HTTP/1.1 ")
+        .map(|(i, _)| text[i + 9..i + 12].to_string())
+        .collect();
+    let first_end = text.find("\r\n\r\n").map_or(0, |i| i + 4);
+    let second = text[first_end..]
+        .find("HTTP/1.1 ")
+        .map_or(text.len(), |i| first_end + i);
+    (statuses, text[first_end..second].to_string())
+}
+
+/// A `HEAD` whose app fails gets the gateway's problem as a head only: a
+/// body after it would be read as the next answer on the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_request_the_app_fails_gets_no_body() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let gw =
+        GatewayProcess::start_for_upstream(0, &spec("paths_head", false), app_port, ROUTES).await;
+    holding(&gw).await;
+    let request = "HEAD /maintenance/hangup HTTP/1.1\r\nHost: h\r\n\r\nGET /maintenance/plain HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n";
+    let (statuses, between) = two_answers(&exchange(port_of(&gw), request).await);
+    assert_eq!(statuses, ["502", "200"], "{between}");
+    assert_eq!(between, "", "a body after the HEAD's answer");
+}
+
+/// A client that pipelines two requests and closes its side at once is
+/// answered both, in order, though the first answer is slow: it is not a
+/// client that left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_closed_pipelining_client_gets_every_answer() {
+    let heads: Heads = Arc::default();
+    let app_port = raw_app(heads.clone()).await;
+    let gw =
+        GatewayProcess::start_for_upstream(0, &spec("paths_halfclose", false), app_port, ROUTES)
+            .await;
+    holding(&gw).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port_of(&gw)))
+        .await
+        .unwrap();
+    s.write_all(b"GET /maintenance/slow HTTP/1.1\r\nHost: h\r\n\r\nGET /maintenance/plain HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    s.shutdown().await.unwrap();
+    let mut out = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut out)).await;
+    assert!(read.is_ok(), "no end");
+    let (statuses, _) = two_answers(&out);
+    assert_eq!(
+        statuses,
+        ["200", "200"],
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
 }

@@ -42,9 +42,9 @@ use crate::lease::{HeldLease, LocalWork};
 use crate::listener::HEADER_READ_TIMEOUT;
 use crate::proxy::forward::ForwardError;
 use crate::proxy::forward::{add_forwarding_fields, sanitize_headers};
-use crate::proxy::gate::{Decision, GateSettings, GateTarget};
+use crate::proxy::gate::{Decision, ForwardedHop, GateSettings, GateTarget};
 use crate::proxy::headers::{
-    is_upgrade_request, passes_unchanged, write_forwarding, HOP, ROLE, TOKEN,
+    carries_hop_marker, is_upgrade_request, passes_unchanged, write_forwarding, HOP, ROLE, TOKEN,
 };
 use crate::proxy::problem::is_grpc;
 use crate::proxy::problem::{Problem, Reason};
@@ -230,10 +230,8 @@ pub(crate) async fn serve(
             &out,
             (stop, &meter),
         );
+        // An exchange gives the buffer back once it has taken the head.
         let next = Box::pin(exchange).await;
-        if inbuf.is_empty() {
-            pool::give(&mut inbuf);
-        }
         match next {
             Next::KeepAlive if !stopping(stop) => {}
             Next::KeepAlive | Next::Close => return None,
@@ -415,6 +413,14 @@ impl FastPath {
             return None;
         }
         let path = target.split('?').next().unwrap_or(target);
+        // A repeated `Content-Length` (hyper hands the app only the first).
+        let lengths = h
+            .headers
+            .iter()
+            .filter(|f| f.name.eq_ignore_ascii_case("content-length"));
+        if lengths.count() > 1 {
+            return None;
+        }
         let host = one_host(h.headers)?;
         let gate = self.routes.lookup(path).ok()?;
         let gate = gate.as_deref();
@@ -507,7 +513,7 @@ impl FastPath {
             || fields.contains_key(http::header::EXPECT)
             || is_upgrade_request(fields)
             || is_grpc(fields)
-            || (self.hops_need_peer_cert && fields.contains_key(HOP))
+            || (self.hops_need_peer_cert && carries_hop_marker(fields))
         {
             return None;
         }
@@ -519,7 +525,13 @@ impl FastPath {
                 .ok()?;
         }
         let client = Some(client);
+        let marked = req.headers().contains_key(HOP);
         let forwarded = settings.take_hop(&mut req, client);
+        // The marker verified above; one that expired in between is the
+        // stack's to judge, once.
+        if marked && req.extensions().get::<ForwardedHop>().is_none() {
+            return None;
+        }
         let trusted = settings.trusts(&req, client);
         sanitize_headers(req.headers_mut(), trusted, &settings.upgrades);
         let dest = match gate {
@@ -614,6 +626,10 @@ impl FastPath {
         (stop, meter): (&Shutdown, &Meter),
     ) -> Next {
         let started = Instant::now();
+        // A client that sent more than this head (a pipelined request) and
+        // then closed its side is not gone: its requests are answered in
+        // order, as hyper answers them. Its connection is not watched.
+        let pipelined = inbuf.len() > plan.head_len;
         let to = match &plan.dest {
             Dest::App(_) => None,
             Dest::Holder { at, .. } => Some(at.as_str()),
@@ -674,7 +690,7 @@ impl FastPath {
                 _ = async {
                     tokio::time::sleep(WATCH_AFTER).await;
                     client_gone(&mut watched).await
-                } => Err(Failure::ClientGone),
+                }, if !pipelined => Err(Failure::ClientGone),
             };
             match got {
                 Err(Failure::ClosedUnanswered) if may_retry => {
@@ -717,7 +733,9 @@ impl FastPath {
                 metrics.count(problem.reason.as_str());
                 drop(plan.dest);
                 let closing = !plan.keep_alive || stopping(stop);
-                let answer = write_answer(client, problem, self.settings.retry_after_secs, closing);
+                let head_only = plan.asked == Asked::Head;
+                let retry_after = self.settings.retry_after_secs;
+                let answer = write_answer(client, problem, retry_after, (closing, head_only));
                 return match answer.await {
                     Ok(()) if !closing => Next::KeepAlive,
                     _ => Next::Close,
@@ -769,7 +787,7 @@ impl FastPath {
                 r = moving => r,
                 // A stream's client may leave between events; a body of a
                 // known length finds it gone at its next write.
-                _ = client_gone(&mut watched), if open_ended => Err(io::Error::other("the client left")),
+                _ = client_gone(&mut watched), if open_ended && !pipelined => Err(io::Error::other("the client left")),
             }
         };
         // An eviction told as this body's last write ended is for no one.
@@ -1244,7 +1262,12 @@ fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
                 } else if token.eq_ignore_ascii_case(b"keep-alive") && r.version == Version::Http10
                 {
                     reusable = true;
-                } else if !token.is_empty() {
+                } else if !token.is_empty()
+                    && !token.eq_ignore_ascii_case(b"content-length")
+                    && !token.eq_ignore_ascii_case(b"transfer-encoding")
+                {
+                    // The framing fields stay as framing says (below): the
+                    // body is moved as they frame it.
                     named.push(token);
                 }
             }
@@ -1289,12 +1312,12 @@ fn answer_of(r: &head::ResponseHead<'_, '_>) -> Answer {
     }
 }
 
-/// Writes a problem answer to the client.
+/// Writes a problem answer to the client; to a `HEAD`, its head only.
 async fn write_answer(
     client: &mut TcpStream,
     problem: Problem,
     retry_after: u64,
-    closing: bool,
+    (closing, head_only): (bool, bool),
 ) -> io::Result<()> {
     use http_body_util::BodyExt;
     let resp = problem.into_response(retry_after);
@@ -1327,7 +1350,9 @@ async fn write_answer(
         out.extend_from_slice(b"connection: close\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&body);
+    if !head_only {
+        out.extend_from_slice(&body);
+    }
     client.write_all(&out).await
 }
 
