@@ -412,6 +412,7 @@ impl GateSettings {
         }
     }
 
+    #[cfg(feature = "gateway")]
     /// Whether `value` is the signed refusal of the holder a request with
     /// `method` and `target` went to (it did not read the request).
     pub(crate) fn verify_refusal(
