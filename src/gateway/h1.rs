@@ -1226,9 +1226,22 @@ impl Within<'_> {
         let Some(meter) = self.meter else {
             return self.write_unmetered(bytes).await;
         };
-        meter.budget.hold(meter.id, bytes.len(), &meter.evict);
+        // What the connection takes at once waits on no client: only the
+        // rest is held against the budget, while it waits. (A client that
+        // reads is then seldom a holder, so not the one closed when
+        // clients that never read fill the budget.)
+        let taken = match self.io.try_write(bytes) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+            Err(e) => return Err(e),
+        };
+        let left = &bytes[taken..];
+        if left.is_empty() {
+            return Ok(());
+        }
+        meter.budget.hold(meter.id, left.len(), &meter.evict);
         let _held = Release(meter);
-        self.write_unmetered(bytes).await
+        self.write_unmetered(left).await
     }
 
     async fn write_unmetered(&mut self, bytes: &[u8]) -> io::Result<()> {
