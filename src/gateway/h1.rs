@@ -1241,20 +1241,35 @@ impl Within<'_> {
         }
         meter.budget.hold(meter.id, left.len(), &meter.evict);
         let _held = Release(meter);
-        self.write_unmetered(left).await
+        let mut left = left;
+        while !left.is_empty() {
+            let n = self.write_some(left).await?;
+            left = &left[n..];
+            if n > 0 && !left.is_empty() {
+                // The client took some: it has waited only since now (a
+                // client that reads, however slowly, is not the longest
+                // waiting; one that never reads stays it).
+                meter.budget.hold(meter.id, left.len(), &meter.evict);
+            }
+        }
+        Ok(())
+    }
+
+    /// One write, failing when the client takes nothing for `idle`.
+    async fn write_some(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = tokio::time::timeout(self.idle, self.io.write(bytes))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "the client read nothing"))??;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        Ok(n)
     }
 
     async fn write_unmetered(&mut self, bytes: &[u8]) -> io::Result<()> {
         let mut left = bytes;
         while !left.is_empty() {
-            let n = tokio::time::timeout(self.idle, self.io.write(left))
-                .await
-                .map_err(|_| {
-                    io::Error::new(io::ErrorKind::TimedOut, "the client read nothing")
-                })??;
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
-            }
+            let n = self.write_some(left).await?;
             left = &left[n..];
         }
         Ok(())
