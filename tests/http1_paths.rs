@@ -251,15 +251,21 @@ fn unnamed(text: &str) -> String {
     out
 }
 
-/// `rolegate_fast_path_requests_total` of a gateway.
-async fn fast_count(gw: &GatewayProcess) -> u64 {
+/// A metric of a gateway without labels (0 when it has none yet).
+async fn metric(gw: &GatewayProcess, name: &str) -> f64 {
     let (_, _, body) = support::cluster::get(&format!("{}/metrics", gw.admin_url()))
         .await
         .unwrap();
     let text = String::from_utf8_lossy(&body);
+    let prefix = format!("{name} ");
     text.lines()
-        .find_map(|l| l.strip_prefix("rolegate_fast_path_requests_total "))
-        .map_or(0, |v| v.trim().parse::<f64>().unwrap() as u64)
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
+}
+
+/// `rolegate_fast_path_requests_total` of a gateway.
+async fn fast_count(gw: &GatewayProcess) -> u64 {
+    metric(gw, "rolegate_fast_path_requests_total").await as u64
 }
 
 /// The ways each case is sent: as a plain client would, which the fast
@@ -566,13 +572,7 @@ async fn a_client_leaving_a_stream_between_events_ends_it() {
 
 /// `rolegate_open_streams` of a gateway.
 async fn open_streams(gw: &GatewayProcess) -> f64 {
-    let (_, _, body) = support::cluster::get(&format!("{}/metrics", gw.admin_url()))
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&body);
-    text.lines()
-        .find_map(|l| l.strip_prefix("rolegate_open_streams "))
-        .map_or(0.0, |v| v.trim().parse().unwrap())
+    metric(gw, "rolegate_open_streams").await
 }
 
 /// Statuses of the answers in `raw`, in order, and the bytes between the

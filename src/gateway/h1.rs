@@ -568,16 +568,7 @@ impl FastPath {
         if !self.forwards {
             return None;
         }
-        let uri: http::Uri = address.parse().ok()?;
-        if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
-            return None;
-        }
-        let authority = uri.authority()?;
-        let at = format!(
-            "{}:{}",
-            authority.host(),
-            authority.port_u16().unwrap_or(80)
-        );
+        let at = plain_http_address(&address)?;
         Some(Dest::Holder {
             role,
             partition,
@@ -934,6 +925,18 @@ fn commit(inbuf: &mut BytesMut, len: usize) {
     if inbuf.is_empty() {
         pool::give(inbuf);
     }
+}
+
+/// `host:port` of a plain `http://` URL without a path (the app's, or a
+/// holder's as it advertises itself); None for any other.
+pub(crate) fn plain_http_address(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
+        return None;
+    }
+    let authority = uri.authority()?;
+    let port = authority.port_u16().unwrap_or(80);
+    Some(format!("{}:{port}", authority.host()))
 }
 
 /// `n` in decimal.

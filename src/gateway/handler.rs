@@ -250,16 +250,7 @@ fn fast_path(
     if upstream.protocol != crate::proxy::HopProtocol::Http1 {
         return None;
     }
-    let uri: http::Uri = upstream.url.parse().ok()?;
-    if uri.scheme_str() != Some("http") || !matches!(uri.path(), "" | "/") {
-        return None;
-    }
-    let authority = uri.authority()?;
-    let address = format!(
-        "{}:{}",
-        authority.host(),
-        authority.port_u16().unwrap_or(80)
-    );
+    let address = super::h1::plain_http_address(&upstream.url)?;
     Some(super::h1::FastPath {
         routes: routes.clone(),
         settings: settings.clone(),
